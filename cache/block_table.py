@@ -1,0 +1,44 @@
+"""A lane's block table: the KV blocks that hold its tokens, in position order."""
+
+from __future__ import annotations
+
+
+class BlockTable:
+    """Maps a lane's token positions to slots of the KV pool.
+
+    With block_size 4 and blocks [7, 2, 9], positions map to slots (block * block_size + offset):
+
+        position:  0  1  2  3 | 4  5  6  7 | 8  9 10 11
+        block:     7          | 2          | 9
+        slot:     28 29 30 31 | 8  9 10 11 |36 37 38 39
+
+    The table only records ids; the pool owns them (see BlockPool).
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.blocks: list[int] = []
+
+    @property
+    def capacity(self) -> int:
+        return len(self.blocks) * self.block_size
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks to add so that `num_tokens` tokens fit."""
+        need = -(-num_tokens // self.block_size)
+        return max(0, need - len(self.blocks))
+
+    def append(self, blocks: list[int]) -> None:
+        self.blocks.extend(blocks)
+
+    def slots(self, start: int, end: int) -> list[int]:
+        """Slots of positions [start, end); all must be within capacity."""
+        if end > self.capacity:
+            raise IndexError(f"positions up to {end} with capacity {self.capacity}")
+        bs = self.block_size
+        return [self.blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def clear(self) -> list[int]:
+        """Forget every block and return them (for the caller to release)."""
+        blocks, self.blocks = self.blocks, []
+        return blocks

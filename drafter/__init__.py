@@ -1,0 +1,1 @@
+"""Proposers for speculative decoding (model drafter, n-gram, replay): arrive with issue 4."""

@@ -1,0 +1,175 @@
+"""Configuration: the model's shape, the engine's settings, and the environment (read here only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# HF `architectures[0]` -> lanes family. Every family is the same decoder with a few switches.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+class ConfigError(ValueError):
+    """A model or engine configuration lanes cannot run."""
+
+
+def cache_dir() -> Path:
+    """Where lanes keeps unpacked default weights: $LANES_CACHE, else ~/.cache/lanes."""
+    return Path(os.environ.get("LANES_CACHE") or Path.home() / ".cache" / "lanes")
+
+
+def hub_offline() -> bool:
+    """True when the user (or CI) asked huggingface_hub never to reach the network."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """llama3-style frequency scaling (Llama 3.1 / 3.2); `None` on the model means plain RoPE."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before RoPE
+    rope_scaling: RopeScaling | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.family not in SUPPORTED_ARCHITECTURES.values():
+            raise ConfigError(f"unknown model family {self.family!r}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads <= 0 or self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_heads ({self.num_heads}) must be a positive multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise ConfigError(f"head_dim must be positive and even, got {self.head_dim}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
+        """Build from a transformers `config.json` dict; unknown architectures name the known ones."""
+        archs = raw.get("architectures") or []
+        arch = archs[0] if archs else raw.get("model_type", "?")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"unsupported architecture {arch!r}; lanes supports: "
+                + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+        num_heads = raw["num_attention_heads"]
+        max_pos = raw.get("max_position_embeddings", 2048)
+        window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+        if family == "mistral" and window and window < max_pos:
+            max_pos = window  # full attention is exact only inside the window
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            family=family,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(raw),
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            rope_scaling=_rope_scaling(raw),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _rope_theta(raw: dict[str, Any]) -> float:
+    params = raw.get("rope_parameters") or {}
+    return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
+def _rope_scaling(raw: dict[str, Any]) -> RopeScaling | None:
+    # transformers 4.x writes `rope_scaling`, 5.x `rope_parameters`; both carry `rope_type`.
+    spec = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    kind = spec.get("rope_type") or spec.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise ConfigError(f"unsupported rope scaling {kind!r}; lanes supports: default, llama3")
+    return RopeScaling(
+        factor=float(spec["factor"]),
+        low_freq_factor=float(spec["low_freq_factor"]),
+        high_freq_factor=float(spec["high_freq_factor"]),
+        original_max_position_embeddings=int(spec["original_max_position_embeddings"]),
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model. Derive variants with `dataclasses.replace`."""
+
+    device: str = "cpu"
+    dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
+    block_size: int = 16
+    kv_cache_bytes: int = 512 * 2**20
+    max_lanes: int = 16
+    max_tokens_per_round: int = 512
+    exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_lanes <= 0 or self.max_tokens_per_round < self.max_lanes:
+            raise ConfigError("need max_lanes > 0 and max_tokens_per_round >= max_lanes")
+        if self.kv_cache_bytes <= 0:
+            raise ConfigError("kv_cache_bytes must be positive")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype}")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,52 @@
+"""A lane: one request's slot, from admission to its last token."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cache.block_table import BlockTable
+
+if TYPE_CHECKING:
+    from lanes.detokenize import IncrementalDetokenizer
+    from lanes.sampling import SamplingParams
+
+
+class LaneState(enum.Enum):
+    WAITING = "waiting"  # admitted to the queue, holds no KV
+    FILL = "fill"  # prompt being computed: its blocks hold KV for num_computed tokens
+    DECODE = "decode"  # generating
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class Lane:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams  # with a concrete seed
+    block_table: BlockTable
+    detokenizer: IncrementalDetokenizer
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in the lane's blocks
+    state: LaneState = LaneState.WAITING
+    finish_reason: str | None = None  # "stop" | "length" (| "cancelled")
+    text: str = ""  # output text so far (stop strings cut off)
+
+    @property
+    def num_known(self) -> int:
+        """Tokens the lane knows: prompt plus accepted output."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Known token ids [start, end) across prompt and output."""
+        p = len(self.prompt_ids)
+        return (self.prompt_ids[start:end] if start < p else []) + self.output_ids[
+            max(start - p, 0) : max(end - p, 0)
+        ]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (LaneState.DONE, LaneState.CANCELLED)

@@ -1,0 +1,23 @@
+"""A checkpoint opened but not yet loaded: its config, tensor shapes, a loader, and its tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from lanes.config import ModelConfig
+    from lanes.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    config: ModelConfig
+    shapes: dict[str, tuple[int, ...]]  # HF tensor name -> shape, read without loading data
+    load: Callable[[str], torch.Tensor]  # HF tensor name -> tensor (any float dtype, on the CPU)
+    tokenizer: Tokenizer
+    source: str  # what was opened, for logs
+    fingerprint: str  # identifies these exact weights (prompt-cache keys depend on it)

@@ -1,0 +1,73 @@
+"""Open a local Hugging Face model directory: config.json, *.safetensors (single or sharded)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from lanes.config import ConfigError, ModelConfig
+from lanes.models.checkpoint import Checkpoint
+from lanes.models.weights import WeightError
+from lanes.tokenizer import Tokenizer
+
+
+def open_hf_dir(path: Path) -> Checkpoint:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{path} has no config.json")
+    raw = json.loads(config_file.read_text())
+    config = ModelConfig.from_hf(raw)
+    files = _safetensors_files(path)
+    where: dict[str, Path] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    where[name] = f
+                    shapes[name] = tuple(st.get_slice(name).get_shape())
+        except (SafetensorError, OSError) as e:
+            raise WeightError(f"cannot read {f.name}: {e}") from e
+
+    handles: dict[Path, object] = {}
+
+    def load(name: str):
+        f = where[name]
+        try:
+            if f not in handles:
+                handles[f] = safe_open(str(f), framework="pt")
+            return handles[f].get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise WeightError(f"cannot load tensor {name} from {f.name}: {e}") from e
+
+    digest = hashlib.sha256(config_file.read_bytes())
+    for f in files:
+        digest.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    return Checkpoint(
+        config=config,
+        shapes=shapes,
+        load=load,
+        tokenizer=Tokenizer.from_hf_dir(path, config),
+        source=str(path),
+        fingerprint=digest.hexdigest(),
+    )
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise WeightError(f"shards named in {index.name} are missing: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+            raise WeightError(f"{path} has only pickle weights (.bin/.pt); lanes loads safetensors")
+        raise WeightError(f"{path} has no *.safetensors files")
+    return files

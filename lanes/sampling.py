@@ -1,0 +1,117 @@
+"""Sampling parameters and position-keyed sampling.
+
+A sampled token is `argmax(logits / T + gumbel(seed, position, token))` over the top-k / top-p set.
+The Gumbel noise is a pure function of (request seed, absolute position, token id) computed by a
+counter-based hash, so a token never depends on batch composition, lane order or any RNG state; a
+drafter that uses the same noise proposes the target's token whenever their distributions agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: whole vocabulary
+    seed: int | None = None  # None: the engine draws one (output then not reproducible)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    draft: bool = True  # per-request speculative decoding switch (used once drafters exist)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_seed(self) -> SamplingParams:
+        """These params with a concrete seed (drawn now if the request gave none)."""
+        if self.seed is not None:
+            return self
+        return dataclasses.replace(self, seed=random.getrandbits(63))
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mix (murmur3's finaliser) on int64 tensors holding values < 2**32.
+
+    Products may wrap int64; only their low 32 bits are kept, which wrapping does not change.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu"):
+    """Gumbel(0, 1) noise [vocab_size] (float32) for one (seed, position): a pure function."""
+    token = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    h = _mix32(torch.full_like(token, (seed & _MASK32) ^ 0x9E3779B9))
+    h = _mix32(h ^ ((seed >> 32) & _MASK32))
+    h = _mix32(h ^ (position & _MASK32))
+    h = _mix32(h ^ token)
+    # 24 high bits -> a uniform in (0, 1) that float32 represents exactly.
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
+    return -torch.log(-torch.log(u))
+
+
+def sample_row(
+    logits: torch.Tensor, params: SamplingParams, position: int, seed: int
+) -> tuple[int, torch.Tensor]:
+    """One token from one row of logits [vocab]; returns (token, log-probabilities [vocab]).
+
+    The log-probabilities are those of the distribution sampled from (after temperature), for
+    `logprobs` in responses. Works on one row at a time so that every reduction has the same shape
+    whatever the batch is.
+    """
+    logits = logits.float()
+    if params.is_greedy:
+        return int(torch.argmax(logits)), torch.log_softmax(logits, dim=-1)
+    scaled = logits / params.temperature
+    keep = _top_k_top_p_mask(scaled, params.top_k, params.top_p)
+    masked = scaled.masked_fill(~keep, float("-inf"))
+    noise = gumbel_noise(seed, position, logits.shape[-1], logits.device)
+    token = int(torch.argmax(masked + noise))
+    return token, torch.log_softmax(masked, dim=-1)
+
+
+def _top_k_top_p_mask(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Boolean mask [vocab] of the tokens kept by top-k, then top-p (nucleus)."""
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k).values[-1]
+        keep &= scaled >= kth
+    if top_p < 1.0:
+        probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+        sorted_probs, order = torch.sort(probs, descending=True, stable=True)
+        # Keep each token whose preceding mass is below top_p: the smallest set reaching top_p.
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        nucleus = torch.zeros_like(keep)
+        nucleus[order] = before < top_p
+        keep &= nucleus
+    return keep

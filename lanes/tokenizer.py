@@ -1,0 +1,159 @@
+"""Tokenizers: from an HF `tokenizer.json`, or rebuilt from GGUF metadata; plus the chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from lanes.chat import render_chat
+from lanes.config import ConfigError
+
+if TYPE_CHECKING:
+    from lanes.config import ModelConfig
+
+# GGUF `tokenizer.ggml.pre` -> (a split regex applied first or None, then GPT-2's own split?).
+_GGUF_PRE_SPLITS: dict[str, tuple[str | None, bool]] = {
+    "default": (None, True),
+    "gpt2": (None, True),
+    "smollm": (r"\p{N}", True),  # digits one by one, then GPT-2's split
+    "llama-bpe": (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        False,
+    ),
+    "qwen2": (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        False,
+    ),
+}
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        tk: HFTokenizer,
+        *,
+        chat_template: str | None,
+        bos_token: str | None,
+        eos_token: str | None,
+        eos_token_ids: set[int],
+    ) -> None:
+        self.tk = tk
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return render_chat(
+            self.chat_template,
+            messages,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        # The rendered template already holds its special tokens (BOS included, where it has one).
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    @classmethod
+    def from_hf_dir(cls, path: Path, config: ModelConfig) -> Tokenizer:
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError(f"{path} has no tokenizer.json")
+        tk = HFTokenizer.from_file(str(file))
+        tok_cfg = _read_json(path / "tokenizer_config.json")
+        template = tok_cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja_file = path / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text()
+        bos, eos = _token_str(tok_cfg.get("bos_token")), _token_str(tok_cfg.get("eos_token"))
+        eos_ids = set(config.eos_token_ids)
+        gen_eos = _read_json(path / "generation_config.json").get("eos_token_id")
+        eos_ids.update(
+            gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+        )
+        if eos is not None and tk.token_to_id(eos) is not None:
+            eos_ids.add(tk.token_to_id(eos))
+        return cls(tk, chat_template=template, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids)
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict) -> Tokenizer:
+        """Rebuild a byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata."""
+        kind = fields.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ConfigError(
+                f"GGUF tokenizer model {kind!r} is not supported (lanes rebuilds 'gpt2' byte-level "
+                "BPE); load the model from an HF directory instead"
+            )
+        pre = fields.get("tokenizer.ggml.pre", "default")
+        if pre not in _GGUF_PRE_SPLITS:
+            raise ConfigError(
+                f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(_GGUF_PRE_SPLITS)}"
+            )
+        tokens: list[str] = fields["tokenizer.ggml.tokens"]
+        types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges", [])]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        split, gpt2_split = _GGUF_PRE_SPLITS[pre]
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=gpt2_split)
+        if split is None:
+            tk.pre_tokenizer = byte_level
+        else:
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level]
+            )
+        tk.decoder = decoders.ByteLevel()
+        special = [
+            AddedToken(t, special=True, normalized=False)
+            for t, ty in zip(tokens, types)
+            if ty in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
+        ]
+        tk.add_special_tokens(special)
+
+        def tok(key: str) -> str | None:
+            i = fields.get(key)
+            return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+        eos_id = fields.get("tokenizer.ggml.eos_token_id")
+        eos_ids = {eos_id} if eos_id is not None else set()
+        eot_id = fields.get("tokenizer.ggml.eot_token_id")
+        if eot_id is not None:
+            eos_ids.add(eot_id)
+        return cls(
+            tk,
+            chat_template=fields.get("tokenizer.chat_template"),
+            bos_token=tok("tokenizer.ggml.bos_token_id"),
+            eos_token=tok("tokenizer.ggml.eos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _token_str(value) -> str | None:
+    if isinstance(value, dict):  # serialized AddedToken
+        return value.get("content")
+    return value
