@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 
@@ -21,7 +20,7 @@ from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
 
 # A prompt is text, token ids, or chat messages ([{"role": ..., "content": ...}, ...]).
-Prompt = Union[str, list[int], list[dict]]
+Prompt = str | list[int] | list[dict]
 
 
 class RequestError(ValueError):
@@ -153,7 +152,7 @@ class Engine:
         for step in plan.steps:
             step.lane.num_computed = step.end
         finished = []
-        for step, (token, logprobs) in zip(sampling, picks):
+        for step, (token, logprobs) in zip(sampling, picks, strict=True):
             lane = step.lane
             lane.state = LaneState.DECODE
             self._append(lane, token, float(logprobs[token]))
@@ -205,7 +204,9 @@ class Engine:
         per = params if isinstance(params, list) else [params] * len(prompts)
         if len(per) != len(prompts):
             raise RequestError("one SamplingParams per prompt, or one for all")
-        lanes = [self._new_lane(p, sp) for p, sp in zip(prompts, per)]  # all valid, or none queued
+        lanes = [
+            self._new_lane(p, sp) for p, sp in zip(prompts, per, strict=True)
+        ]  # all valid, or none queued
         self.waiting.extend(lanes)
         ids = [lane.request_id for lane in lanes]
         done: dict[int, Completion] = {}

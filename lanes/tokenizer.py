@@ -126,7 +126,7 @@ class Tokenizer:
         tk.decoder = decoders.ByteLevel()
         special = [
             AddedToken(t, special=True, normalized=False)
-            for t, ty in zip(tokens, types)
+            for t, ty in zip(tokens, types, strict=False)
             if ty in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
         ]
         tk.add_special_tokens(special)
