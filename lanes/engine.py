@@ -15,7 +15,7 @@ from lanes.detokenize import IncrementalDetokenizer
 from lanes.lane import Lane, LaneState
 from lanes.models import Checkpoint, build_decoder, open_checkpoint
 from lanes.ops import make_ops
-from lanes.rounds import plan_round
+from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
 
@@ -196,6 +196,25 @@ class Engine:
             finish_reason=lane.finish_reason or "stop",
             logprobs=list(lane.output_logprobs),
         )
+
+    def prompt_logits(self, prompts: list[Prompt]) -> list[torch.Tensor]:
+        """Next-token logits [len(prompt), vocab] at every position of every prompt, all prompts in
+        one forward (for scoring, prompt logprobs, and the batch-invariance tests)."""
+        lanes = [self._new_lane(p, SamplingParams(max_tokens=1)) for p in prompts]
+        need = sum(lane.block_table.blocks_needed(len(lane.prompt_ids)) for lane in lanes)
+        if need > self.pool.num_free:
+            raise RequestError(f"scoring needs {need} KV blocks, {self.pool.num_free} are free")
+        for lane in lanes:
+            lane.block_table.append(
+                self.pool.allocate(lane.block_table.blocks_needed(lane.num_known))
+            )
+        try:
+            plan = LaneRound(tuple(Step(lane, 0, lane.num_known) for lane in lanes))
+            logits = self.runner.execute(plan, all_logits=True)
+        finally:
+            for lane in lanes:
+                self.pool.release(lane.block_table.clear())
+        return list(logits.split([lane.num_known for lane in lanes]))
 
     def generate(
         self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams]

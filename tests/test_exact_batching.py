@@ -1,0 +1,119 @@
+"""Sampling and batch invariance on the CPU: a request's output does not depend on its company."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lanes import Engine, EngineConfig, SamplingParams
+
+PROMPTS = [
+    "The quick brown fox",
+    "Paris is the capital of France; Berlin is",
+    "def add(a, b):\n    return a + b\n" * 3,
+    "Numbers 0123456789",
+]
+
+
+@pytest.fixture(scope="module")
+def exact(llama_dir):
+    return Engine(str(llama_dir), EngineConfig(max_tokens_per_round=40))
+
+
+@pytest.fixture(scope="module")
+def fast(llama_dir):
+    return Engine(str(llama_dir), EngineConfig(max_tokens_per_round=40, exact=False))
+
+
+def _solo_and_batched(engine, params):
+    solo = [engine.generate([p], params)[0] for p in PROMPTS]
+    batched = engine.generate(PROMPTS, params)
+    return solo, batched
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=24, ignore_eos=True),
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.7, top_p=0.9, seed=11),
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, top_k=20, seed=5),
+    ],
+    ids=["greedy", "top_p", "top_k"],
+)
+def test_batched_equals_solo(exact, params):
+    # max_tokens_per_round=40 chunks the longer prompts, so lanes prefill while others decode.
+    solo, batched = _solo_and_batched(exact, params)
+    for s, b in zip(solo, batched, strict=True):
+        assert b.token_ids == s.token_ids
+        assert b.logprobs == s.logprobs  # bitwise: the same floats, not merely close
+
+
+def _alone_and_together(engine):
+    """Logits of a one-token prompt run alone (one row) and between two longer prompts."""
+    a, c = (engine.tokenizer.encode(p) for p in PROMPTS[:2])
+    b = engine.tokenizer.encode("fox")[:1]
+    (alone,) = engine.prompt_logits([b])
+    return alone, engine.prompt_logits([a, b, c])[1]
+
+
+def test_logits_rows_do_not_depend_on_other_rows(exact):
+    alone, together = _alone_and_together(exact)
+    assert torch.equal(alone, together)
+
+
+def test_negative_control_fast_logits_rows_depend_on_other_rows(fast):
+    alone, together = _alone_and_together(fast)
+    torch.testing.assert_close(alone, together, rtol=1e-4, atol=1e-4)  # the same math ...
+    assert not torch.equal(alone, together)  # ... but other bits
+
+
+def test_negative_control_fast_ops_depend_on_batch(fast):
+    """Plain torch (one BLAS call per linear, SDPA) changes a lane's logprobs with the batch
+    around it: test_batched_equals_solo would fail without the exact ops."""
+    solo, batched = _solo_and_batched(fast, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert any(s.logprobs != b.logprobs for s, b in zip(solo, batched, strict=True))
+
+
+def _decode_vs_prefill(engine):
+    """(logprobs of the decoded tokens, the same from one prefill over prompt + output)."""
+    ids = engine.tokenizer.encode(PROMPTS[1])
+    (out,) = engine.generate([ids], SamplingParams(max_tokens=20, ignore_eos=True))
+    (logits,) = engine.prompt_logits([ids + out.token_ids])
+    rows = torch.log_softmax(logits[len(ids) - 1 : -1], dim=-1)
+    assert rows.argmax(dim=-1).tolist() == out.token_ids
+    return out.logprobs, rows[torch.arange(len(out.token_ids)), out.token_ids].tolist()
+
+
+def test_decode_equals_prefill_bitwise(exact):
+    """Each decoded token's logprob equals the one a single prefill of the whole text gives."""
+    decoded, prefilled = _decode_vs_prefill(exact)
+    assert decoded == prefilled
+
+
+def test_negative_control_fast_decode_differs_from_prefill(fast):
+    decoded, prefilled = _decode_vs_prefill(fast)
+    assert decoded != prefilled
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens(exact):
+    p = dict(max_tokens=24, ignore_eos=True, temperature=1.0)
+    first = exact.generate([PROMPTS[0]], SamplingParams(seed=1, **p))[0].token_ids
+    again = exact.generate([PROMPTS[0]], SamplingParams(seed=1, **p))[0].token_ids
+    other = exact.generate([PROMPTS[0]], SamplingParams(seed=2, **p))[0].token_ids
+    assert first == again
+    assert first != other
+
+
+def test_sampling_ignores_global_rng_state(exact):
+    params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8, seed=3)
+    torch.manual_seed(0)
+    first = exact.generate([PROMPTS[2]], params)[0].token_ids
+    torch.manual_seed(12345)
+    torch.rand(1000)
+    assert exact.generate([PROMPTS[2]], params)[0].token_ids == first
+
+
+def test_blocks_all_returned(exact):
+    exact.generate(PROMPTS, SamplingParams(max_tokens=8))
+    exact.pool.check_integrity()
+    assert exact.pool.num_free == exact.pool.num_blocks
