@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from lanes.chat import render_chat
@@ -135,6 +135,13 @@ class Tokenizer:
             i = fields.get(key)
             return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
+        bos = tok("tokenizer.ggml.bos_token_id")
+        if fields.get("tokenizer.ggml.add_bos_token") and bos is not None:
+            bos_id = fields["tokenizer.ggml.bos_token_id"]
+            tk.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+            )
+
         eos_id = fields.get("tokenizer.ggml.eos_token_id")
         eos_ids = {eos_id} if eos_id is not None else set()
         eot_id = fields.get("tokenizer.ggml.eot_token_id")
@@ -143,7 +150,7 @@ class Tokenizer:
         return cls(
             tk,
             chat_template=fields.get("tokenizer.chat_template"),
-            bos_token=tok("tokenizer.ggml.bos_token_id"),
+            bos_token=bos,
             eos_token=tok("tokenizer.ggml.eos_token_id"),
             eos_token_ids=eos_ids,
         )
