@@ -1,0 +1,80 @@
+"""Batch-1 generation speed of the engine, exact vs fast ops, on any model and device.
+
+    python bench/bench_generate.py [--model M] [--device cpu] [--new-tokens 64] [--repeats 5]
+
+Prints a table and writes bench/results/generate-<device>.json. Modes alternate (A B A B) so drift
+hits both; the first run of each mode is a warm-up and is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from lanes import Engine, EngineConfig, SamplingParams
+from lanes.models import open_checkpoint
+
+PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    ckpt = open_checkpoint(args.model)
+    engines = {
+        mode: Engine(
+            checkpoint=ckpt, config=EngineConfig(device=args.device, exact=mode == "exact")
+        )
+        for mode in ("exact", "fast")
+    }
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    times: dict[str, list[float]] = {m: [] for m in engines}
+    prompt_len = 0
+    for i in range(args.repeats + 1):
+        for mode, engine in engines.items():
+            start = time.perf_counter()
+            (out,) = engine.generate([PROMPT], params)
+            if i > 0:
+                times[mode].append(time.perf_counter() - start)
+            prompt_len = len(out.prompt_ids)
+    rows = {
+        mode: {
+            "median_s": statistics.median(t),
+            "tok_per_s": args.new_tokens / statistics.median(t),
+            "runs_s": t,
+        }
+        for mode, t in times.items()
+    }
+    result = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads",
+        "device": args.device,
+        "model": ckpt.source,
+        "dtype": engines["exact"].config.torch_dtype_name,
+        "batch": 1,
+        "prompt_tokens": prompt_len,
+        "new_tokens": args.new_tokens,
+        "torch": torch.__version__,
+        "modes": rows,
+    }
+    print(
+        f"{'mode':6} {'median s':>9} {'tok/s':>7}   (prompt {prompt_len}, {args.new_tokens} new, batch 1)"
+    )
+    for mode, r in rows.items():
+        print(f"{mode:6} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}")
+    out = Path(__file__).parent / "results" / f"generate-{args.device}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
