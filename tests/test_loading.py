@@ -1,0 +1,32 @@
+"""Checkpoint layouts: sharded safetensors load like a single file; tied embeddings share memory."""
+
+from __future__ import annotations
+
+import torch
+
+from lanes import Engine
+from lanes.models import open_checkpoint
+
+
+def test_sharded_checkpoint_equals_single_file(tiny_models, tmp_path):
+    path, hf = tiny_models["llama"]
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, safe_serialization=True, max_shard_size="40KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((path / name).read_bytes())
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    ids = list(range(3, 40))
+    (single,) = Engine(str(path)).prompt_logits([ids])
+    (split,) = Engine(str(sharded)).prompt_logits([ids])
+    assert torch.equal(single, split)
+
+
+def test_tied_embeddings_share_the_table(tiny_models):
+    tied = Engine(str(tiny_models["smollm2"][0]))
+    untied = Engine(str(tiny_models["llama"][0]))
+    assert open_checkpoint(str(tiny_models["smollm2"][0])).config.tie_word_embeddings
+    w = tied.runner.decoder.weights
+    assert w.lm_head.data_ptr() == w.embed.data_ptr()
+    u = untied.runner.decoder.weights
+    assert u.lm_head.data_ptr() != u.embed.data_ptr()
