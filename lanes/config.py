@@ -152,7 +152,10 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_bytes: int = 512 * 2**20
     max_lanes: int = 16
-    max_tokens_per_round: int = 512
+    max_tokens_per_round: int = 2048
+    prefill_chunk: int = 256  # tokens per host-managed prefill forward; a multiple of block_size
+    prefill_share: float = 0.5  # share of wall time for prompt work when decode also waits
+    prompt_cache_bytes: int = 256 * 2**20  # at most this much KV is kept for prefix reuse
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
 
     def __post_init__(self) -> None:
@@ -162,6 +165,15 @@ class EngineConfig:
             raise ConfigError("need max_lanes > 0 and max_tokens_per_round >= max_lanes")
         if self.kv_cache_bytes <= 0:
             raise ConfigError("kv_cache_bytes must be positive")
+        if self.prefill_chunk <= 0 or self.prefill_chunk % self.block_size:
+            raise ConfigError(
+                f"prefill_chunk ({self.prefill_chunk}) must be a positive multiple of "
+                f"block_size ({self.block_size})"
+            )
+        if not 0.0 <= self.prefill_share <= 1.0:
+            raise ConfigError(f"prefill_share must be in [0, 1], got {self.prefill_share}")
+        if self.prompt_cache_bytes < 0:
+            raise ConfigError("prompt_cache_bytes must be >= 0")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype}")
 

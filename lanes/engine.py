@@ -1,8 +1,15 @@
-"""The engine: admits requests into lanes, runs lane rounds, samples, and finishes lanes."""
+"""The engine: admits requests into lanes, runs lane rounds, samples, and ends lanes.
+
+One round = admit → plan (share allocator picks the prefill budget; blocks are reserved, lanes
+preempted if the pool is full) → host-managed forwards (cancellations are applied between them)
+→ sample → publish and release finished lanes.
+"""
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -10,14 +17,17 @@ import torch
 from cache.block_pool import BlockPool
 from cache.block_table import BlockTable
 from cache.kv_pool import KVPool
+from cache.prompt_cache import PromptCache
 from lanes.config import EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.lane import Lane, LaneState
+from lanes.metrics import EngineMetrics, RoundRecord
 from lanes.models import Checkpoint, build_decoder, open_checkpoint
 from lanes.ops import make_ops
 from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
+from lanes.share import ShareAllocator
 
 # A prompt is text, token ids, or chat messages ([{"role": ..., "content": ...}, ...]).
 Prompt = str | list[int] | list[dict]
@@ -33,8 +43,15 @@ class Completion:
     prompt_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
     logprobs: list[float]  # log-probability of each chosen token under the sampled distribution
+    cached_tokens: int  # prompt tokens found in the prompt cache at admission
+    arrival_time: float  # engine clock
+    token_times: list[float]  # engine clock at each output token
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival_time if self.token_times else None
 
 
 class Engine:
@@ -44,40 +61,45 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         checkpoint: Checkpoint | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.config = config or EngineConfig()
+        self.config = cfg = config or EngineConfig()
         ckpt = checkpoint or open_checkpoint(model)
-        self.model_config = ckpt.config
+        self.model_config = mc = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.fingerprint = ckpt.fingerprint
         self.source = ckpt.source
-        self.dtype = getattr(torch, self.config.torch_dtype_name)
-        self.ops = make_ops(self.config.exact)
-        decoder = build_decoder(ckpt, self.ops, self.dtype, self.config.device)
-        mc, bs = self.model_config, self.config.block_size
+        self.clock = clock
+        self.dtype = getattr(torch, cfg.torch_dtype_name)
+        self.ops = make_ops(cfg.exact)
+        decoder = build_decoder(ckpt, self.ops, self.dtype, cfg.device)
+        bs = cfg.block_size
         per_block = KVPool.bytes_per_block(
             mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, self.dtype
         )
-        num_blocks = max(1, self.config.kv_cache_bytes // per_block)
+        self.bytes_per_block = per_block
+        num_blocks = max(1, cfg.kv_cache_bytes // per_block)
         self.pool = BlockPool(num_blocks)
+        self.cache = PromptCache(self.pool, ckpt.fingerprint, cfg.prompt_cache_bytes // per_block)
         kv = KVPool(
-            mc.num_layers,
-            num_blocks,
-            bs,
-            mc.num_kv_heads,
-            mc.head_dim,
-            self.dtype,
-            self.config.device,
+            mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.device
         )
-        self.runner = ModelRunner(decoder, kv, self.config.device)
+        self.runner = ModelRunner(decoder, kv, cfg.device)
+        self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
+        self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.waiting: list[Lane] = []
         self.running: list[Lane] = []
+        # Consulted between host-managed forwards: return True to cancel that request now.
+        self.cancel_check: Callable[[int], bool] | None = None
+        self._cancel_requested: set[int] = set()
         self._ids = itertools.count()
 
     @property
     def context_len(self) -> int:
         return self.model_config.max_position_embeddings
+
+    # ---- requests -------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -88,12 +110,16 @@ class Engine:
             return list(prompt)
         raise RequestError("a prompt is a string, a list of token ids, or a list of messages")
 
-    def add_request(self, prompt: Prompt, params: SamplingParams) -> int:
-        lane = self._new_lane(prompt, params)
+    def add_request(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> int:
+        lane = self._new_lane(prompt, params, cache_salt)
         self.waiting.append(lane)
         return lane.request_id
 
-    def _new_lane(self, prompt: Prompt, params: SamplingParams) -> Lane:
+    def cancel(self, request_id: int) -> None:
+        """Cancel a request; takes effect at the next step boundary (its prefix is kept)."""
+        self._cancel_requested.add(request_id)
+
+    def _new_lane(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> Lane:
         """Validate a request and make its lane (not yet queued)."""
         ids = self.encode(prompt)
         vocab = self.model_config.vocab_size
@@ -118,59 +144,190 @@ class Engine:
             params=params.with_seed(),
             block_table=table,
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+            cache_salt=cache_salt,
+            arrival_time=self.clock(),
         )
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    # ---- one round ------------------------------------------------------------------------
+
+    def step(self) -> list[Completion]:
+        """Run one lane round; return the requests that ended in it (finished or cancelled)."""
+        host_start = self.clock()
+        ended = self._apply_cancellations()
+        self._admit()
+        plan = self._plan()
+        if not plan.steps:
+            return ended
+        host_seconds = self.clock() - host_start
+        start = self.clock()
+        num_prefill = num_decode = num_forwards = 0
+        decode_steps = {id(s) for s in plan.decode}
+        for group in plan.forwards():
+            group = tuple(s for s in group if not s.lane.is_finished)  # cancelled mid-round
+            if not group:
+                continue
+            ended += self._run_forward(group)
+            num_forwards += 1
+            num_decode += sum(s.num_tokens for s in group if id(s) in decode_steps)
+            num_prefill += sum(s.num_tokens for s in group if id(s) not in decode_steps)
+            ended += self._apply_cancellations()
+        seconds = self.clock() - start
+        self.share.record(num_prefill, num_decode, seconds)
+        self.metrics.achieved_prefill_share = self.share.achieved_share
+        self.metrics.add(
+            RoundRecord(
+                prefill_tokens=num_prefill,
+                decode_tokens=num_decode,
+                num_forwards=num_forwards,
+                seconds=seconds,
+                host_seconds=host_seconds,
+                prefill_share=self.share.last_share or 0.0,
+            )
+        )
+        return ended
+
+    def _run_forward(self, steps: tuple[Step, ...]) -> list[Completion]:
+        logits = self.runner.execute(steps)  # [num_sampling_steps, vocab]
+        for s in steps:
+            s.lane.num_computed = s.end  # the forward has completed: this KV is now valid
+        sampling = [s for s in steps if s.samples]
+        rows = [(s.lane.params, s.lane.num_known, s.lane.params.seed) for s in sampling]
+        now = None
+        ended = []
+        for s, (token, logprobs) in zip(sampling, self.ops.sample(logits, rows), strict=True):
+            now = now or self.clock()
+            lane = s.lane
+            lane.state = LaneState.DECODE
+            self._append(lane, token, float(logprobs[token]), now)
+            if lane.finish_reason is not None:
+                ended.append(self._end(lane, LaneState.DONE))
+        return ended
+
+    # ---- admission, planning, preemption --------------------------------------------------
+
+    def _admit(self) -> None:
+        """Waiting lanes join in order while a lane slot and blocks for a first chunk are free.
+        A joining lane starts from the longest cached prefix of its known tokens."""
+        bs = self.config.block_size
+        while self.waiting and len(self.running) < self.config.max_lanes:
+            lane = self.waiting[0]
+            tokens = lane.all_ids()
+            lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
+            usable = min(len(lane.block_keys), (len(tokens) - 1) // bs)  # recompute >= 1 token
+            matched = self.cache.match(lane.block_keys[:usable])
+            first_end = min(len(tokens), len(matched) * bs + self.config.prefill_chunk)
+            if self.running and -(-first_end // bs) - len(matched) > self.cache.num_available:
+                self.cache.release(matched)
+                break
+            lane.block_table.append(matched)
+            lane.num_computed = len(matched) * bs
+            lane.num_published = len(matched)
+            if not lane.output_ids:  # first admission, not a return from preemption
+                lane.cached_tokens = lane.num_computed
+                self.metrics.cached_tokens += lane.num_computed
+            lane.state = LaneState.FILL
+            self.running.append(self.waiting.pop(0))
+
+    def _plan(self) -> LaneRound:
+        """Plan a round whose blocks fit; preempt the newest lanes until they do."""
+        cfg = self.config
+        while True:
+            num_decode = sum(lane.state is LaneState.DECODE for lane in self.running)
+            filling = any(lane.state is LaneState.FILL for lane in self.running)
+            budget = self.share.prefill_budget(num_decode, filling)
+            plan = plan_round(self.running, budget, cfg.prefill_chunk, cfg.block_size)
+            ends: dict[int, tuple[Lane, int]] = {}
+            for s in plan.steps:
+                ends[s.lane.request_id] = (s.lane, s.end)
+            need = sum(lane.block_table.blocks_needed(end) for lane, end in ends.values())
+            if need <= self.cache.num_available or len(self.running) <= 1:
+                break
+            self._preempt(self.running[-1])
+        for lane, end in ends.values():
+            lane.block_table.append(self.cache.allocate(lane.block_table.blocks_needed(end)))
+        return plan
+
+    def _preempt(self, lane: Lane) -> None:
+        """Give the lane's blocks back (its whole blocks go to the prompt cache) and requeue it
+        first; it recomputes what the cache no longer holds. No output is lost."""
+        self._release(lane)
+        lane.num_computed = 0
+        lane.num_published = 0
+        lane.state = LaneState.WAITING
+        self.running.remove(lane)
+        self.waiting.insert(0, lane)
+        self.metrics.num_preemptions += 1
+
+    # ---- ending lanes ---------------------------------------------------------------------
+
+    def _apply_cancellations(self) -> list[Completion]:
+        check = self.cancel_check
+        ended = []
+        for lane in list(self.waiting) + list(self.running):
+            rid = lane.request_id
+            if rid in self._cancel_requested or (check is not None and check(rid)):
+                lane.finish_reason = "cancelled"
+                ended.append(self._end(lane, LaneState.CANCELLED))
+                self.metrics.num_cancellations += 1
+        self._cancel_requested.clear()  # ids of ended or unknown requests are dropped too
+        return ended
+
+    def _publish(self, lane: Lane) -> None:
+        """Offer the lane's whole computed blocks to the prompt cache (cancel_prefill, finish,
+        preemption). Only blocks below num_computed: their forward has completed."""
+        bs = self.config.block_size
+        complete = lane.num_computed // bs
+        if complete <= lane.num_published:
+            return
+        tokens = lane.all_ids()[: complete * bs]
+        lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
+        for i in range(lane.num_published, complete):
+            self.cache.publish(lane.block_keys[i], lane.block_table.blocks[i])
+        lane.num_published = complete
+
+    def _release(self, lane: Lane) -> None:
+        self._publish(lane)
+        self.cache.release(lane.block_table.clear())
+
+    def _end(self, lane: Lane, state: LaneState) -> Completion:
+        if lane.finish_reason == "length":
+            lane.text += lane.detokenizer.flush()
+        if lane in self.running:
+            self._release(lane)
+            self.running.remove(lane)
+        else:
+            self.waiting.remove(lane)
+        lane.state = state
+        return Completion(
+            request_id=lane.request_id,
+            prompt_ids=lane.prompt_ids,
+            token_ids=list(lane.output_ids),
+            text=lane.text,
+            finish_reason=lane.finish_reason or "stop",
+            logprobs=list(lane.output_logprobs),
+            cached_tokens=lane.cached_tokens,
+            arrival_time=lane.arrival_time,
+            token_times=list(lane.token_times),
+        )
 
     def _max_len(self, lane: Lane) -> int:
         """Last length the lane can reach: prompt + max_tokens, within context and KV pool."""
         cap = min(self.context_len, self.pool.num_blocks * self.config.block_size)
         return min(len(lane.prompt_ids) + lane.params.max_tokens, cap)
 
-    def _admit(self) -> None:
-        """Admit waiting lanes in order while lanes and whole-lifetime KV blocks are free."""
-        while self.waiting and len(self.running) < self.config.max_lanes:
-            lane = self.waiting[0]
-            need = lane.block_table.blocks_needed(self._max_len(lane))
-            if need > self.pool.num_free:
-                break
-            lane.block_table.append(self.pool.allocate(need))
-            lane.state = LaneState.FILL
-            self.running.append(self.waiting.pop(0))
-
-    def step(self) -> list[Completion]:
-        """Run one lane round; return the requests that finished in it."""
-        self._admit()
-        plan = plan_round(self.running, self.config.max_tokens_per_round)
-        if not plan.steps:
-            return []
-        logits = self.runner.execute(plan)  # [num_sampling_steps, vocab]
-        sampling = [s for s in plan.steps if s.samples]
-        rows = [(s.lane.params, s.lane.num_known, s.lane.params.seed) for s in sampling]
-        picks = self.ops.sample(logits, rows)
-        for step in plan.steps:
-            step.lane.num_computed = step.end
-        finished = []
-        for step, (token, logprobs) in zip(sampling, picks, strict=True):
-            lane = step.lane
-            lane.state = LaneState.DECODE
-            self._append(lane, token, float(logprobs[token]))
-            if lane.finish_reason is not None:
-                finished.append(self._finish(lane))
-        return finished
-
-    def _append(self, lane: Lane, token: int, logprob: float) -> None:
+    def _append(self, lane: Lane, token: int, logprob: float, now: float) -> None:
         p = lane.params
         lane.output_ids.append(token)
         lane.output_logprobs.append(logprob)
+        lane.token_times.append(now)
         lane.text += lane.detokenizer.push(token)
-        if (
-            (token in self.eos_token_ids and not p.ignore_eos)
-            or token in p.stop_token_ids
-            or p.stop
-            and self._cut_at_stop(lane)
-        ):
+        is_stop_token = (
+            token in self.eos_token_ids and not p.ignore_eos
+        ) or token in p.stop_token_ids
+        if is_stop_token or (p.stop and self._cut_at_stop(lane)):
             lane.finish_reason = "stop"
         elif lane.num_known >= self._max_len(lane):
             lane.finish_reason = "length"
@@ -182,54 +339,48 @@ class Engine:
             lane.text = lane.text[: min(hits)]
         return bool(hits)
 
-    def _finish(self, lane: Lane) -> Completion:
-        if lane.finish_reason == "length":
-            lane.text += lane.detokenizer.flush()
-        lane.state = LaneState.DONE
-        self.running.remove(lane)
-        self.pool.release(lane.block_table.clear())
-        return Completion(
-            request_id=lane.request_id,
-            prompt_ids=lane.prompt_ids,
-            token_ids=list(lane.output_ids),
-            text=lane.text,
-            finish_reason=lane.finish_reason or "stop",
-            logprobs=list(lane.output_logprobs),
-        )
+    def check_integrity(self) -> None:
+        """Blocks: every reference is a lane's or the cache's; nothing leaked (see PromptCache)."""
+        self.cache.check_integrity(lane.block_table.blocks for lane in self.running)
+
+    # ---- whole requests -------------------------------------------------------------------
 
     def prompt_logits(self, prompts: list[Prompt]) -> list[torch.Tensor]:
         """Next-token logits [len(prompt), vocab] at every position of every prompt, all prompts in
         one forward (for scoring, prompt logprobs, and the batch-invariance tests)."""
         lanes = [self._new_lane(p, SamplingParams(max_tokens=1)) for p in prompts]
-        need = sum(lane.block_table.blocks_needed(len(lane.prompt_ids)) for lane in lanes)
-        if need > self.pool.num_free:
-            raise RequestError(f"scoring needs {need} KV blocks, {self.pool.num_free} are free")
+        need = sum(lane.block_table.blocks_needed(lane.num_known) for lane in lanes)
+        if need > self.cache.num_available:
+            raise RequestError(
+                f"scoring needs {need} KV blocks, {self.cache.num_available} are free"
+            )
         for lane in lanes:
             lane.block_table.append(
-                self.pool.allocate(lane.block_table.blocks_needed(lane.num_known))
+                self.cache.allocate(lane.block_table.blocks_needed(lane.num_known))
             )
         try:
-            plan = LaneRound(tuple(Step(lane, 0, lane.num_known) for lane in lanes))
-            logits = self.runner.execute(plan, all_logits=True)
+            steps = [Step(lane, 0, lane.num_known, samples=False) for lane in lanes]
+            logits = self.runner.execute(steps, all_logits=True)
         finally:
             for lane in lanes:
-                self.pool.release(lane.block_table.clear())
+                self.cache.release(lane.block_table.clear())
         return list(logits.split([lane.num_known for lane in lanes]))
 
     def generate(
-        self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams]
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams | list[SamplingParams],
+        cache_salt: str = "",
     ) -> list[Completion]:
-        """Run every prompt to completion, all in the same lane rounds; results in input order."""
+        """Run every prompt to its end, all in the same lane rounds; results in input order."""
         per = params if isinstance(params, list) else [params] * len(prompts)
         if len(per) != len(prompts):
             raise RequestError("one SamplingParams per prompt, or one for all")
-        lanes = [
-            self._new_lane(p, sp) for p, sp in zip(prompts, per, strict=True)
-        ]  # all valid, or none queued
-        self.waiting.extend(lanes)
+        lanes = [self._new_lane(p, sp, cache_salt) for p, sp in zip(prompts, per, strict=True)]
+        self.waiting.extend(lanes)  # all valid, or none queued
         ids = [lane.request_id for lane in lanes]
         done: dict[int, Completion] = {}
-        while len(done) < len(ids):
+        while not all(i in done for i in ids):
             for c in self.step():
                 done[c.request_id] = c
         return [done[i] for i in ids]

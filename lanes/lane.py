@@ -21,7 +21,7 @@ class LaneState(enum.Enum):
     CANCELLED = "cancelled"
 
 
-@dataclass
+@dataclass(eq=False)  # a lane is itself: compared by identity
 class Lane:
     request_id: int
     prompt_ids: list[int]
@@ -32,8 +32,14 @@ class Lane:
     output_logprobs: list[float] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the lane's blocks
     state: LaneState = LaneState.WAITING
-    finish_reason: str | None = None  # "stop" | "length" (| "cancelled")
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
     text: str = ""  # output text so far (stop strings cut off)
+    cache_salt: str = ""
+    block_keys: list[bytes] = field(default_factory=list)  # prompt-cache keys of full blocks
+    num_published: int = 0  # leading blocks already offered to the prompt cache
+    cached_tokens: int = 0  # prompt tokens the first admission found in the prompt cache
+    arrival_time: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # engine clock at each output token
 
     @property
     def num_known(self) -> int:
@@ -46,6 +52,9 @@ class Lane:
         return (self.prompt_ids[start:end] if start < p else []) + self.output_ids[
             max(start - p, 0) : max(end - p, 0)
         ]
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
 
     @property
     def is_finished(self) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from cache.kv_pool import KVPool
 from lanes.batch import ForwardBatch, SeqSlice
 from lanes.models.decoder import Decoder
-from lanes.rounds import LaneRound
+from lanes.rounds import Step
 
 
 class ModelRunner:
@@ -16,7 +18,7 @@ class ModelRunner:
         self.kv = kv
         self.device = device
 
-    def build_batch(self, plan: LaneRound, all_logits: bool = False) -> ForwardBatch:
+    def build_batch(self, steps: Sequence[Step], all_logits: bool = False) -> ForwardBatch:
         """Every step's tokens, one after another; logits rows for the steps that sample
         (or for every row, with `all_logits`)."""
         ids: list[int] = []
@@ -24,7 +26,7 @@ class ModelRunner:
         slots: list[int] = []
         seqs: list[SeqSlice] = []
         logits_rows: list[int] = []
-        for step in plan.steps:
+        for step in steps:
             lane, n = step.lane, step.end - step.start
             context_slots = lane.block_table.slots(0, step.end)
             seqs.append(
@@ -54,6 +56,6 @@ class ModelRunner:
             logits_indices=t(logits_rows),
         )
 
-    def execute(self, plan: LaneRound, all_logits: bool = False) -> torch.Tensor:
-        """Run the round; returns logits [num_logits_rows, vocab] in step order."""
-        return self.decoder.forward(self.build_batch(plan, all_logits), self.kv)
+    def execute(self, steps: Sequence[Step], all_logits: bool = False) -> torch.Tensor:
+        """One forward over the steps; returns logits [num_logits_rows, vocab] in step order."""
+        return self.decoder.forward(self.build_batch(steps, all_logits), self.kv)

@@ -1,0 +1,36 @@
+"""Engine metrics: what each round did and how long it took, and running totals."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    prefill_tokens: int
+    decode_tokens: int
+    num_forwards: int
+    seconds: float  # wall time of the round's forwards and sampling
+    host_seconds: float  # planning and bookkeeping outside the forwards
+    prefill_share: float  # this round's share of wall time attributed to prompt work
+
+
+@dataclass
+class EngineMetrics:
+    recent: deque[RoundRecord] = field(default_factory=lambda: deque(maxlen=1024))
+    num_rounds: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    busy_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens served from the prompt cache
+    num_preemptions: int = 0
+    num_cancellations: int = 0
+    achieved_prefill_share: float | None = None  # over rounds where both kinds of work ran
+
+    def add(self, record: RoundRecord) -> None:
+        self.recent.append(record)
+        self.num_rounds += 1
+        self.prefill_tokens += record.prefill_tokens
+        self.decode_tokens += record.decode_tokens
+        self.busy_seconds += record.seconds

@@ -1,0 +1,100 @@
+"""The wall-time share allocator: how many prompt tokens each round gets.
+
+A cost model of round wall time, fitted online from measured rounds,
+
+    seconds = overhead + per_prefill * P + per_decode * D
+
+(P prefill tokens, D decode/verify tokens), lets the allocator pick P so that prompt work takes
+`share` of the round's wall time when both kinds of work wait:
+
+    per_prefill * P = share * (overhead + per_prefill * P + per_decode * D)
+    P = share * (overhead + per_decode * D) / (per_prefill * (1 - share))
+
+With only prompts waiting a round takes the whole token budget; with only decode, none. Decode
+lanes advance every round and a waiting prompt always gets at least `min_prefill` tokens, so
+neither kind starves.
+
+The budget is dithered by up to ±DITHER around its target: without it P would be a fixed function
+of D, and the fit could not tell the per-prefill cost from the per-decode cost and overhead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import numpy as np
+
+# Before any measurement: 2 ms per round, 20 µs per prompt token, 200 µs per decode token.
+_PRIOR = np.array([2e-3, 2e-5, 2e-4])
+_PRIOR_WEIGHT = 1e-2  # ridge pull towards the prior, so the fit is defined from the first round
+DITHER = 0.3
+
+
+class CostModel:
+    """Least squares over the last `window` rounds, with a light ridge towards a prior."""
+
+    def __init__(self, window: int = 256) -> None:
+        self._rows: deque[tuple[float, float, float, float]] = deque(maxlen=window)
+        self.params = _PRIOR.copy()
+
+    def observe(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
+        self._rows.append((1.0, float(prefill_tokens), float(decode_tokens), seconds))
+        data = np.array(self._rows)
+        x, y = data[:, :3], data[:, 3]
+        # Scale columns so the ridge treats them alike, then solve the normal equations.
+        scale = np.maximum(np.abs(x).max(axis=0), 1.0)
+        xs = x / scale
+        lam = _PRIOR_WEIGHT * np.eye(3)
+        rhs = xs.T @ y + lam @ (_PRIOR * scale)
+        fitted = np.linalg.solve(xs.T @ xs + lam, rhs) / scale
+        self.params = np.maximum(fitted, _PRIOR * 1e-3)  # costs are positive
+
+    def predict(self, prefill_tokens: int, decode_tokens: int) -> float:
+        a, b, c = self.params
+        return float(a + b * prefill_tokens + c * decode_tokens)
+
+
+class ShareAllocator:
+    def __init__(self, share: float, min_prefill: int, max_tokens: int) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"prefill share must be in [0, 1], got {share}")
+        self.share = share
+        self.min_prefill = min_prefill
+        self.max_tokens = max_tokens
+        self.model = CostModel()
+        self.mixed_seconds = 0.0  # wall time of rounds where both kinds of work ran
+        self.mixed_prefill_seconds = 0.0  # the part of it attributed to prompt work
+        self.last_share: float | None = None
+        self._dither = random.Random(0)  # own generator: planning never touches global RNG state
+
+    def prefill_budget(self, decode_tokens: int, prompts_waiting: bool) -> int:
+        room = self.max_tokens - decode_tokens
+        if not prompts_waiting or room <= 0:
+            return 0
+        if decode_tokens == 0 or self.share >= 1.0:
+            return room
+        a, b, c = self.model.params
+        want = self.share * (a + c * decode_tokens) / (b * (1.0 - self.share))
+        want *= 1.0 + self._dither.uniform(-DITHER, DITHER)
+        return int(min(room, max(self.min_prefill, want)))
+
+    def record(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
+        """Feed one measured round back into the model and the achieved-share account."""
+        self.model.observe(prefill_tokens, decode_tokens, seconds)
+        if prefill_tokens and decode_tokens and seconds > 0:
+            # The measured time, split between the kinds of work as the fitted costs weigh them.
+            prefill_part = self.model.params[1] * prefill_tokens
+            prefill_seconds = (
+                seconds * prefill_part / self.model.predict(prefill_tokens, decode_tokens)
+            )
+            self.mixed_seconds += seconds
+            self.mixed_prefill_seconds += prefill_seconds
+            self.last_share = prefill_seconds / seconds
+        else:
+            self.last_share = 1.0 if prefill_tokens else 0.0
+
+    @property
+    def achieved_share(self) -> float | None:
+        """Prompt work's share of wall time over all rounds where both kinds of work ran."""
+        return self.mixed_prefill_seconds / self.mixed_seconds if self.mixed_seconds else None
