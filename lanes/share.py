@@ -27,7 +27,9 @@ import numpy as np
 
 # Before any measurement: 2 ms per round, 20 µs per prompt token, 200 µs per decode token.
 _PRIOR = np.array([2e-3, 2e-5, 2e-4])
-_PRIOR_WEIGHT = 1e-2  # ridge pull towards the prior, so the fit is defined from the first round
+_PRIOR_WEIGHT = 1e-2  # ridge pull towards the prior, so the fit is always defined
+_MIN_ROUNDS = 8  # fewer measured rounds than this: keep the prior (one point fits anything)
+_SHARE_WINDOW = 100  # the reported share covers this many recent mixed rounds
 DITHER = 0.3
 
 
@@ -40,6 +42,8 @@ class CostModel:
 
     def observe(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
         self._rows.append((1.0, float(prefill_tokens), float(decode_tokens), seconds))
+        if len(self._rows) < _MIN_ROUNDS:
+            return
         data = np.array(self._rows)
         x, y = data[:, :3], data[:, 3]
         # Scale columns so the ridge treats them alike, then solve the normal equations.
@@ -63,8 +67,8 @@ class ShareAllocator:
         self.min_prefill = min_prefill
         self.max_tokens = max_tokens
         self.model = CostModel()
-        self.mixed_seconds = 0.0  # wall time of rounds where both kinds of work ran
-        self.mixed_prefill_seconds = 0.0  # the part of it attributed to prompt work
+        # (seconds attributed to prompt work, wall seconds) of recent rounds with both kinds
+        self._mixed: deque[tuple[float, float]] = deque(maxlen=_SHARE_WINDOW)
         self.last_share: float | None = None
         self._dither = random.Random(0)  # own generator: planning never touches global RNG state
 
@@ -76,8 +80,11 @@ class ShareAllocator:
             return room
         a, b, c = self.model.params
         want = self.share * (a + c * decode_tokens) / (b * (1.0 - self.share))
-        want *= 1.0 + self._dither.uniform(-DITHER, DITHER)
-        return int(min(room, max(self.min_prefill, want)))
+        u = self._dither.uniform(-DITHER, DITHER)
+        want *= 1.0 + u
+        if want < self.min_prefill:  # the floor varies too, or P would be constant there
+            want = self.min_prefill * (1.0 + abs(u))
+        return int(min(room, want))
 
     def record(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
         """Feed one measured round back into the model and the achieved-share account."""
@@ -88,13 +95,14 @@ class ShareAllocator:
             prefill_seconds = (
                 seconds * prefill_part / self.model.predict(prefill_tokens, decode_tokens)
             )
-            self.mixed_seconds += seconds
-            self.mixed_prefill_seconds += prefill_seconds
+            self._mixed.append((prefill_seconds, seconds))
             self.last_share = prefill_seconds / seconds
         else:
             self.last_share = 1.0 if prefill_tokens else 0.0
 
     @property
     def achieved_share(self) -> float | None:
-        """Prompt work's share of wall time over all rounds where both kinds of work ran."""
-        return self.mixed_prefill_seconds / self.mixed_seconds if self.mixed_seconds else None
+        """Prompt work's share of wall time over recent rounds where both kinds of work ran."""
+        if not self._mixed:
+            return None
+        return sum(p for p, _ in self._mixed) / sum(t for _, t in self._mixed)

@@ -1,0 +1,103 @@
+"""The share allocator: converges to the target share; on the engine, a higher share gets prompts
+out sooner and slows decode. Time comes from fake clocks, so these tests do not time anything."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from lanes import Engine, EngineConfig, SamplingParams
+from lanes.share import ShareAllocator
+
+# (overhead, per prefill token, per decode token) in seconds; every target reachable with the
+# 16-token floor and the 16384-token cap.
+COSTS = [(3e-3, 5e-5, 5e-4), (1e-3, 1e-5, 1e-3), (5e-4, 5e-6, 2e-4)]
+
+
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.5, 0.7, 0.9])
+@pytest.mark.parametrize("costs", COSTS)
+def test_achieved_share_converges(share, costs):
+    a, b, c = costs
+    rng = random.Random(7)
+    alloc = ShareAllocator(share, min_prefill=16, max_tokens=16384)
+    prefill_time = total = 0.0
+    for r in range(200):
+        decode = rng.randint(1, 32)  # lanes come and go
+        prefill = alloc.prefill_budget(decode, prompts_waiting=True)
+        assert prefill >= 16  # a waiting prompt always gets some budget
+        noise = 1 + rng.uniform(-0.05, 0.05)
+        seconds = (a + b * prefill + c * decode) * noise
+        alloc.record(prefill, decode, seconds)
+        if r >= 100:
+            prefill_time += b * prefill * noise
+            total += seconds
+    assert abs(prefill_time / total - share) <= 0.05
+    assert abs(alloc.achieved_share - share) <= 0.05  # what the metrics report
+
+
+def test_only_one_kind_waiting():
+    alloc = ShareAllocator(0.3, min_prefill=16, max_tokens=512)
+    assert alloc.prefill_budget(decode_tokens=0, prompts_waiting=True) == 512
+    assert alloc.prefill_budget(decode_tokens=8, prompts_waiting=False) == 0
+    assert 16 <= alloc.prefill_budget(decode_tokens=8, prompts_waiting=True) <= 504
+
+
+class FakeClock:
+    """Advances only when the model runs, by a fixed cost per forward."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _engine_with_fake_time(llama_dir, share):
+    clock = FakeClock()
+    engine = Engine(
+        str(llama_dir),
+        EngineConfig(prefill_share=share, prefill_chunk=32, max_tokens_per_round=512),
+        clock=clock,
+    )
+    real = engine.runner.execute
+
+    def timed(steps, all_logits=False):
+        tokens = sum(s.num_tokens for s in steps)
+        clock.now += 2e-3 + 1e-4 * tokens  # overhead + per token
+        return real(steps, all_logits)
+
+    engine.runner.execute = timed
+    return engine
+
+
+def _ttft_and_itl(llama_dir, share):
+    """Four lanes decode; a 200-token prompt arrives. Its TTFT, and the decode lanes' mean
+    inter-token latency while it was being filled."""
+    engine = _engine_with_fake_time(llama_dir, share)
+    decoders = [
+        engine.add_request([5 + i, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True))
+        for i in range(4)
+    ]
+    for _ in range(5):
+        engine.step()
+    long_id = engine.add_request(list(range(3, 203)), SamplingParams(max_tokens=2, ignore_eos=True))
+    lanes = {lane.request_id: lane for lane in engine.running + engine.waiting}
+    while not lanes[long_id].token_times:
+        engine.step()
+    arrival, first = lanes[long_id].arrival_time, lanes[long_id].token_times[0]
+    gaps = [
+        t2 - t1
+        for rid in decoders
+        for t1, t2 in zip(lanes[rid].token_times, lanes[rid].token_times[1:])
+        if arrival <= t1 and t2 <= first
+    ]
+    return first - arrival, statistics.mean(gaps)
+
+
+def test_higher_share_lowers_ttft_and_raises_itl(llama_dir):
+    ttft_low, itl_low = _ttft_and_itl(llama_dir, 0.1)
+    ttft_high, itl_high = _ttft_and_itl(llama_dir, 0.9)
+    assert ttft_high < ttft_low
+    assert itl_high > itl_low
