@@ -64,6 +64,13 @@ class PromptCache:
             keys.append(h.digest())
         return keys
 
+    def num_matching(self, keys: list[bytes]) -> int:
+        """How many leading keys are cached (a probe: takes no reference)."""
+        n = 0
+        while n < len(keys) and keys[n] in self._block_of:
+            n += 1
+        return n
+
     def match(self, keys: list[bytes]) -> list[int]:
         blocks = []
         for key in keys:

@@ -115,6 +115,12 @@ class Engine:
         self.waiting.append(lane)
         return lane.request_id
 
+    def cached_prefix_len(self, prompt: Prompt, cache_salt: str = "") -> int:
+        """Tokens of this prompt's prefix the prompt cache holds now (whole blocks)."""
+        bs = self.config.block_size
+        keys = self.cache.chain_keys(self.encode(prompt), bs, cache_salt, [])
+        return self.cache.num_matching(keys) * bs
+
     def cancel(self, request_id: int) -> None:
         """Cancel a request; takes effect at the next step boundary (its prefix is kept)."""
         self._cancel_requested.add(request_id)

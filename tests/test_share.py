@@ -3,6 +3,7 @@ out sooner and slows decode. Time comes from fake clocks, so these tests do not 
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 
@@ -90,7 +91,7 @@ def _ttft_and_itl(llama_dir, share):
     gaps = [
         t2 - t1
         for rid in decoders
-        for t1, t2 in zip(lanes[rid].token_times, lanes[rid].token_times[1:])
+        for t1, t2 in itertools.pairwise(lanes[rid].token_times)
         if arrival <= t1 and t2 <= first
     ]
     return first - arrival, statistics.mean(gaps)

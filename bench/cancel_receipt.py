@@ -1,0 +1,99 @@
+"""Cancellation receipt: a long prompt is cancelled after t seconds, once and then again, then
+retried. Prints the tokens the prompt cache kept after each cancellation, the retry's TTFT
+against a fresh run's, and whether the outputs' token SHA-256 match.
+
+    python bench/cancel_receipt.py [--model M] [--device cpu] [--prompt-tokens 2048] [--after 1.0]
+
+Writes bench/results/cancel-receipt-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import pydoc_data.topics
+import time
+from pathlib import Path
+
+import torch
+
+from lanes import Engine, EngineConfig, SamplingParams
+
+
+def sha(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+
+
+def run(
+    engine: Engine, prompt: list[int], params, salt: str = "", cancel_after: float | None = None
+):
+    """Run to the end or cancel `cancel_after` seconds in; returns (completion, ttft seconds)."""
+    start = time.perf_counter()
+    rid = engine.add_request(prompt, params, cache_salt=salt)
+    if cancel_after is not None:
+        engine.cancel_check = lambda r: r == rid and time.perf_counter() - start > cancel_after
+    try:
+        while True:
+            for c in engine.step():
+                if c.request_id == rid:
+                    return c, (c.token_times[0] - start if c.token_times else None)
+    finally:
+        engine.cancel_check = None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--after", type=float, default=1.0, help="seconds before each cancellation")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    args = ap.parse_args()
+
+    engine = Engine(args.model, EngineConfig(device=args.device, prefill_chunk=128))
+    text = " ".join(pydoc_data.topics.topics.values())
+    prompt = engine.tokenizer.encode(text)[: args.prompt_tokens]
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+
+    fresh, fresh_ttft = run(engine, prompt, params, salt="fresh")
+    rows = []
+    for attempt in (1, 2):
+        out, _ = run(engine, prompt, params, cancel_after=args.after)
+        kept = engine.cached_prefix_len(prompt)
+        rows.append({"cancellation": attempt, "finish": out.finish_reason, "kept_tokens": kept})
+    retry, retry_ttft = run(engine, prompt, params)
+    result = {
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads, {args.device}",
+        "model": engine.source,
+        "dtype": engine.config.torch_dtype_name,
+        "prompt_tokens": len(prompt),
+        "cancel_after_s": args.after,
+        "cancellations": rows,
+        "retry_cached_tokens": retry.cached_tokens,
+        "fresh_ttft_s": fresh_ttft,
+        "retry_ttft_s": retry_ttft,
+        "fresh_sha": sha(fresh.token_ids),
+        "retry_sha": sha(retry.token_ids),
+        "outputs_equal": fresh.token_ids == retry.token_ids,
+    }
+    print(
+        f"prompt {len(prompt)} tokens, cancel after {args.after}s, block {engine.config.block_size}"
+    )
+    for r in rows:
+        print(
+            f"  after cancellation {r['cancellation']}: {r['kept_tokens']} tokens kept ({r['finish']})"
+        )
+    print(
+        f"  retry: cached_tokens {retry.cached_tokens}, TTFT {retry_ttft:.3f}s vs fresh {fresh_ttft:.3f}s"
+    )
+    print(
+        f"  token sha256 fresh {result['fresh_sha']} retry {result['retry_sha']} equal={result['outputs_equal']}"
+    )
+    out = Path(__file__).parent / "results" / f"cancel-receipt-{args.device}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
