@@ -38,6 +38,12 @@ class BlockTable:
         bs = self.block_size
         return [self.blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
+    def truncate(self, num_tokens: int) -> list[int]:
+        """Keep the blocks that hold positions < num_tokens; return the others (to release)."""
+        keep = -(-num_tokens // self.block_size)
+        surplus, self.blocks = self.blocks[keep:], self.blocks[:keep]
+        return surplus
+
     def clear(self) -> list[int]:
         """Forget every block and return them (for the caller to release)."""
         blocks, self.blocks = self.blocks, []

@@ -157,6 +157,10 @@ class EngineConfig:
     prefill_share: float = 0.5  # share of wall time for prompt work when decode also waits
     prompt_cache_bytes: int = 256 * 2**20  # at most this much KV is kept for prefix reuse
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
+    drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
+    num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
+    verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"
+    draft_kv_cache_bytes: int = 128 * 2**20  # the model drafter's own KV pool
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -174,6 +178,10 @@ class EngineConfig:
             raise ConfigError(f"prefill_share must be in [0, 1], got {self.prefill_share}")
         if self.prompt_cache_bytes < 0:
             raise ConfigError("prompt_cache_bytes must be >= 0")
+        if not 0 <= self.num_draft_tokens <= 15:
+            raise ConfigError(f"num_draft_tokens must be in [0, 15], got {self.num_draft_tokens}")
+        if self.verify_mode not in ("coupled", "rejection"):
+            raise ConfigError(f"verify_mode must be coupled or rejection, not {self.verify_mode!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype}")
 

@@ -7,6 +7,7 @@ preempted if the pool is full) → host-managed forwards (cancellations are appl
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from cache.block_pool import BlockPool
 from cache.block_table import BlockTable
 from cache.kv_pool import KVPool
 from cache.prompt_cache import PromptCache
+from drafter import Proposer, make_proposer
 from lanes.config import EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.lane import Lane, LaneState
@@ -28,6 +30,7 @@ from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
 from lanes.share import ShareAllocator
+from lanes.speculation import choose_num_drafts, record_verify, verify
 
 # A prompt is text, token ids, or chat messages ([{"role": ..., "content": ...}, ...]).
 Prompt = str | list[int] | list[dict]
@@ -48,6 +51,8 @@ class Completion:
     cached_tokens: int  # prompt tokens found in the prompt cache at admission
     arrival_time: float  # engine clock
     token_times: list[float]  # engine clock at each output token
+    num_drafted: int = 0  # draft tokens verified for this request
+    num_accepted: int = 0  # of them, kept
 
     @property
     def ttft(self) -> float | None:
@@ -62,6 +67,7 @@ class Engine:
         *,
         checkpoint: Checkpoint | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        proposer: Proposer | None = None,
     ) -> None:
         self.config = cfg = config or EngineConfig()
         ckpt = checkpoint or open_checkpoint(model)
@@ -88,6 +94,7 @@ class Engine:
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        self.proposer = proposer or make_proposer(cfg.drafter, cfg, self.tokenizer)
         self.waiting: list[Lane] = []
         self.running: list[Lane] = []
         # Consulted between host-managed forwards: return True to cancel that request now.
@@ -169,6 +176,7 @@ class Engine:
             return ended
         host_seconds = self.clock() - host_start
         start = self.clock()
+        plan = self._fill_drafts(plan)
         num_prefill = num_decode = num_forwards = 0
         decode_steps = {id(s) for s in plan.decode}
         for group in plan.forwards():
@@ -176,6 +184,7 @@ class Engine:
             if not group:
                 continue
             ended += self._run_forward(group)
+            self._drafter_prefill(s for s in group if id(s) not in decode_steps)
             num_forwards += 1
             num_decode += sum(s.num_tokens for s in group if id(s) in decode_steps)
             num_prefill += sum(s.num_tokens for s in group if id(s) not in decode_steps)
@@ -196,21 +205,89 @@ class Engine:
         return ended
 
     def _run_forward(self, steps: tuple[Step, ...]) -> list[Completion]:
-        logits = self.runner.execute(steps)  # [num_sampling_steps, vocab]
-        for s in steps:
-            s.lane.num_computed = s.end  # the forward has completed: this KV is now valid
-        sampling = [s for s in steps if s.samples]
-        rows = [(s.lane.params, s.lane.num_known, s.lane.params.seed) for s in sampling]
-        now = None
+        logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
         ended = []
-        for s, (token, logprobs) in zip(sampling, self.ops.sample(logits, rows), strict=True):
-            now = now or self.clock()
+        row = 0
+        now = self.clock()
+        for s in steps:
             lane = s.lane
+            if not s.samples:
+                lane.num_computed = s.end  # the forward has completed: this KV is now valid
+                continue
+            rows = logits[row : row + s.num_logits]
+            row += s.num_logits
+            emitted = verify(
+                self.config.verify_mode,
+                rows,
+                s.draft_ids,
+                s.draft_logprobs,
+                lane.params,
+                s.end - s.num_logits + 1,
+            )
+            if s.draft_ids:
+                record_verify(lane, len(s.draft_ids), len(emitted) - 1)
             lane.state = LaneState.DECODE
-            self._append(lane, token, float(logprobs[token]), now)
+            for token, logprob in emitted:
+                self._append(lane, token, logprob, now)
+                if lane.finish_reason is not None:
+                    break
             if lane.finish_reason is not None:
                 ended.append(self._end(lane, LaneState.DONE))
+                continue
+            # KV is valid up to the last kept token's input; rejected drafts' positions are not.
+            lane.num_computed = min(s.end, lane.num_known - 1)
+            self.cache.release(lane.block_table.truncate(lane.num_known))
+            if self.proposer is not None and s.draft_ids:
+                self.proposer.accepted(lane)
         return ended
+
+    def _drafting(self, lane: Lane) -> bool:
+        return self.proposer is not None and lane.params.draft and self.config.num_draft_tokens > 0
+
+    def _num_drafts(self, lane: Lane) -> int:
+        """Draft slots for a decode lane: adaptive k, within what the lane may still emit."""
+        if not self._drafting(lane):
+            return 0
+        room = self._max_len(lane) - lane.num_known - 1  # the target always adds one token
+        return max(0, min(choose_num_drafts(lane, self.config.num_draft_tokens), room))
+
+    def _fill_drafts(self, plan: LaneRound) -> LaneRound:
+        """Ask the proposer for the planned draft slots; decode steps become verify steps."""
+        wanting = [s for s in plan.decode if s.num_drafts]
+        if not wanting:
+            return plan
+        start = self.clock()
+        drafts = self.proposer.propose([s.lane for s in wanting], [s.num_drafts for s in wanting])
+        by_lane = {id(s.lane): d for s, d in zip(wanting, drafts, strict=True)}
+        decode = []
+        for s in plan.decode:
+            d = by_lane.get(id(s.lane))
+            if d is None or not d.token_ids:
+                decode.append(s)
+                continue
+            ids = d.token_ids[: s.num_drafts]
+            lp = d.logprobs[: len(ids)] if d.logprobs is not None else None
+            decode.append(
+                dataclasses.replace(
+                    s,
+                    end=s.end + len(ids),
+                    num_logits=1 + len(ids),
+                    draft_ids=ids,
+                    draft_logprobs=lp,
+                )
+            )
+        self.metrics.drafter_seconds += self.clock() - start
+        return dataclasses.replace(plan, decode=tuple(decode))
+
+    def _drafter_prefill(self, steps) -> None:
+        """The drafter computes the same prompt chunks, in the same round."""
+        if self.proposer is None:
+            return
+        steps = [s for s in steps if self._drafting(s.lane) and not s.lane.is_finished]
+        if steps:
+            start = self.clock()
+            self.proposer.prefill(steps)
+            self.metrics.drafter_seconds += self.clock() - start
 
     # ---- admission, planning, preemption --------------------------------------------------
 
@@ -244,10 +321,12 @@ class Engine:
             num_decode = sum(lane.state is LaneState.DECODE for lane in self.running)
             filling = any(lane.state is LaneState.FILL for lane in self.running)
             budget = self.share.prefill_budget(num_decode, filling)
-            plan = plan_round(self.running, budget, cfg.prefill_chunk, cfg.block_size)
+            plan = plan_round(
+                self.running, budget, cfg.prefill_chunk, cfg.block_size, self._num_drafts
+            )
             ends: dict[int, tuple[Lane, int]] = {}
             for s in plan.steps:
-                ends[s.lane.request_id] = (s.lane, s.end)
+                ends[s.lane.request_id] = (s.lane, s.end + s.num_drafts)
             need = sum(lane.block_table.blocks_needed(end) for lane, end in ends.values())
             if need <= self.cache.num_available or len(self.running) <= 1:
                 break
@@ -297,8 +376,13 @@ class Engine:
     def _release(self, lane: Lane) -> None:
         self._publish(lane)
         self.cache.release(lane.block_table.clear())
+        if self.proposer is not None:
+            self.proposer.release(lane)
 
     def _end(self, lane: Lane, state: LaneState) -> Completion:
+        self.metrics.num_drafted += lane.num_drafted
+        self.metrics.num_accepted += lane.num_accepted
+        self.metrics.num_verify_steps += lane.num_verify_steps
         if lane.finish_reason == "length":
             lane.text += lane.detokenizer.flush()
         if lane in self.running:
@@ -317,6 +401,8 @@ class Engine:
             cached_tokens=lane.cached_tokens,
             arrival_time=lane.arrival_time,
             token_times=list(lane.token_times),
+            num_drafted=lane.num_drafted,
+            num_accepted=lane.num_accepted,
         )
 
     def _max_len(self, lane: Lane) -> int:
@@ -365,7 +451,7 @@ class Engine:
                 self.cache.allocate(lane.block_table.blocks_needed(lane.num_known))
             )
         try:
-            steps = [Step(lane, 0, lane.num_known, samples=False) for lane in lanes]
+            steps = [Step(lane, 0, lane.num_known) for lane in lanes]
             logits = self.runner.execute(steps, all_logits=True)
         finally:
             for lane in lanes:

@@ -40,6 +40,10 @@ class Lane:
     cached_tokens: int = 0  # prompt tokens the first admission found in the prompt cache
     arrival_time: float = 0.0
     token_times: list[float] = field(default_factory=list)  # engine clock at each output token
+    num_drafted: int = 0  # draft tokens the target verified
+    num_accepted: int = 0  # of them, kept
+    num_verify_steps: int = 0
+    acceptance_ema: float = 0.8  # running per-token acceptance, for adaptive k
 
     @property
     def num_known(self) -> int:

@@ -26,7 +26,24 @@ class EngineMetrics:
     cached_tokens: int = 0  # prompt tokens served from the prompt cache
     num_preemptions: int = 0
     num_cancellations: int = 0
+    num_drafted: int = 0  # draft tokens verified (of ended requests)
+    num_accepted: int = 0  # of them, kept
+    num_verify_steps: int = 0
+    drafter_seconds: float = 0.0  # proposing and the drafter's own prefill, within rounds
     achieved_prefill_share: float | None = None  # over rounds where both kinds of work ran
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted / self.num_drafted if self.num_drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Draft tokens kept per verify step (the target adds one more each step)."""
+        return self.num_accepted / self.num_verify_steps if self.num_verify_steps else None
+
+    @property
+    def drafter_share(self) -> float | None:
+        return self.drafter_seconds / self.busy_seconds if self.busy_seconds else None
 
     def add(self, record: RoundRecord) -> None:
         self.recent.append(record)

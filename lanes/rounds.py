@@ -9,21 +9,52 @@ preemption and cancellation all only move `num_computed`; none is a separate pat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lanes.lane import Lane, LaneState
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
 class Step:
+    """Positions [start, end) of one lane in one forward.
+
+    Their tokens are the lane's known tokens, then `draft_ids` (drafts under verification, which
+    extend past the known ones). `num_logits` trailing rows yield next-token logits: 1 for a step
+    that catches its lane up, 1 + len(draft_ids) for a verify step, 0 for a mid-prompt chunk.
+    A planned decode step reserves `num_drafts` positions for drafts the engine fills in.
+
+        known: ... t40 t41 | drafts d1 d2 d3      (lane.num_known = 42, num_computed = 41)
+        verify step: start 41, end 45, tokens [t41 d1 d2 d3], num_logits 4
+    """
+
     lane: Lane
-    start: int  # first position computed
-    end: int  # one past the last
-    samples: bool  # end reaches the lane's known tokens: its last row yields the next token
+    start: int
+    end: int
+    num_logits: int = 0
+    draft_ids: tuple[int, ...] = ()
+    num_drafts: int = 0
+    draft_logprobs: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return self.end - self.start
+
+    @property
+    def samples(self) -> bool:
+        return self.num_logits > 0
+
+    def token_ids(self) -> list[int]:
+        ids = self.lane.token_ids(self.start, min(self.end, self.lane.num_known)) + list(
+            self.draft_ids
+        )
+        if len(ids) != self.num_tokens:
+            raise ValueError(f"step [{self.start}, {self.end}) has {len(ids)} tokens")
+        return ids
 
 
 @dataclass(frozen=True)
@@ -41,7 +72,8 @@ class LaneRound:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.decode)
+        """Decode and verify tokens, counting every planned draft slot."""
+        return sum(s.num_tokens + s.num_drafts for s in self.decode)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -64,17 +96,22 @@ class LaneRound:
 
 
 def plan_round(
-    running: list[Lane], prefill_budget: int, chunk_tokens: int, block_size: int
+    running: list[Lane],
+    prefill_budget: int,
+    chunk_tokens: int,
+    block_size: int,
+    num_drafts: Callable[[Lane], int] = lambda lane: 0,
 ) -> LaneRound:
-    """Every DECODE lane gets its step; FILL lanes, in admission order, get steps of at most
-    `chunk_tokens` until `prefill_budget` is spent. A step ends on a block boundary unless it
-    reaches the lane's known tokens, so a cancelled prefill keeps whole blocks.
+    """Every DECODE lane gets its step (with `num_drafts(lane)` draft slots); FILL lanes, in
+    admission order, get steps of at most `chunk_tokens` until `prefill_budget` is spent. A step
+    ends on a block boundary unless it reaches the lane's known tokens, so a cancelled prefill
+    keeps whole blocks.
 
     Example, block_size 16, chunk 64, budget 100, a lane at num_computed 40 of 300 known:
     steps [40, 96) and [96, 128); 88 tokens (ending at 140) would not end on a boundary.
     """
     decode = tuple(
-        Step(lane, lane.num_computed, lane.num_known, samples=True)
+        Step(lane, lane.num_computed, lane.num_known, num_logits=1, num_drafts=num_drafts(lane))
         for lane in running
         if lane.state is LaneState.DECODE
     )
@@ -90,7 +127,7 @@ def plan_round(
                 end -= end % block_size
             if end <= pos:
                 break
-            prefill.append(Step(lane, pos, end, samples=end == lane.num_known))
+            prefill.append(Step(lane, pos, end, num_logits=int(end == lane.num_known)))
             budget -= end - pos
             pos = end
         if budget <= 0:

@@ -19,8 +19,8 @@ class ModelRunner:
         self.device = device
 
     def build_batch(self, steps: Sequence[Step], all_logits: bool = False) -> ForwardBatch:
-        """Every step's tokens, one after another; logits rows for the steps that sample
-        (or for every row, with `all_logits`)."""
+        """Every step's tokens, one after another; logits rows: each step's trailing
+        `num_logits` rows (or every row, with `all_logits`)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -37,13 +37,11 @@ class ModelRunner:
                     kv_slots=torch.tensor(context_slots, dtype=torch.int64, device=self.device),
                 )
             )
-            ids.extend(lane.token_ids(step.start, step.end))
+            ids.extend(step.token_ids())
             positions.extend(range(step.start, step.end))
             slots.extend(context_slots[step.start :])
-            if all_logits:
-                logits_rows.extend(range(len(ids) - n, len(ids)))
-            elif step.samples:
-                logits_rows.append(len(ids) - 1)
+            wanted = n if all_logits else step.num_logits
+            logits_rows.extend(range(len(ids) - wanted, len(ids)))
 
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)

@@ -68,16 +68,29 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu"):
-    """Gumbel(0, 1) noise [vocab_size] (float32) for one (seed, position): a pure function."""
-    token = torch.arange(vocab_size, dtype=torch.int64, device=device)
-    h = _mix32(torch.full_like(token, (seed & _MASK32) ^ 0x9E3779B9))
+# Independent noise streams for one (seed, position): the token draw, and the two extra draws of
+# rejection-mode verification (accept test, residual sample).
+STREAM_TOKEN, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2
+
+
+def uniform_noise(
+    seed: int, position: int, n: int, stream: int = STREAM_TOKEN, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Uniform(0, 1) noise [n] (float32) for one (seed, position, stream): a pure function."""
+    index = torch.arange(n, dtype=torch.int64, device=device)
+    h = _mix32(torch.full_like(index, (seed & _MASK32) ^ 0x9E3779B9))
     h = _mix32(h ^ ((seed >> 32) & _MASK32))
-    h = _mix32(h ^ (position & _MASK32))
-    h = _mix32(h ^ token)
+    h = _mix32(h ^ (position & _MASK32) ^ (stream << 28))
+    h = _mix32(h ^ index)
     # 24 high bits -> a uniform in (0, 1) that float32 represents exactly.
-    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
-    return -torch.log(-torch.log(u))
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
+
+
+def gumbel_noise(
+    seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu", stream: int = 0
+) -> torch.Tensor:
+    """Gumbel(0, 1) noise [vocab_size] (float32) for one (seed, position, stream)."""
+    return -torch.log(-torch.log(uniform_noise(seed, position, vocab_size, stream, device)))
 
 
 def sample_row(
@@ -89,15 +102,22 @@ def sample_row(
     `logprobs` in responses. Works on one row at a time so that every reduction has the same shape
     whatever the batch is.
     """
+    logprobs = sampling_logprobs(logits, params)
+    if params.is_greedy:
+        return int(torch.argmax(logprobs)), logprobs
+    noise = gumbel_noise(seed, position, logits.shape[-1], logits.device)
+    return int(torch.argmax(logprobs + noise)), logprobs
+
+
+def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities [vocab] of the distribution a row is sampled from: temperature, then
+    top-k and top-p (-inf outside). Greedy rows give the plain log-softmax."""
     logits = logits.float()
     if params.is_greedy:
-        return int(torch.argmax(logits)), torch.log_softmax(logits, dim=-1)
+        return torch.log_softmax(logits, dim=-1)
     scaled = logits / params.temperature
     keep = _top_k_top_p_mask(scaled, params.top_k, params.top_p)
-    masked = scaled.masked_fill(~keep, float("-inf"))
-    noise = gumbel_noise(seed, position, logits.shape[-1], logits.device)
-    token = int(torch.argmax(masked + noise))
-    return token, torch.log_softmax(masked, dim=-1)
+    return torch.log_softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 def _top_k_top_p_mask(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -82,14 +82,15 @@ def train_tokenizer(vocab_size: int = 384):
     return tk
 
 
-def write_tiny_model(root: Path, arch: str, seed: int = 0):
+def write_tiny_model(root: Path, arch: str, seed: int = 0, **overrides):
     """Write a tiny HF checkpoint (config.json, model.safetensors, tokenizer files); return the
     transformers model that wrote it, in eval mode."""
     import transformers
 
     config_name, extra = ARCHS[arch]
     tk = train_tokenizer()
-    config = getattr(transformers, config_name)(vocab_size=tk.get_vocab_size(), **_BASE, **extra)
+    shape = {**_BASE, **extra, **overrides}
+    config = getattr(transformers, config_name)(vocab_size=tk.get_vocab_size(), **shape)
     torch.manual_seed(seed)
     model = getattr(transformers, _MODEL_CLASSES[config_name])(config).eval()
     root.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,153 @@
+"""The model drafter: a smaller model with the target's tokenizer and its own paged KV."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from cache.block_pool import BlockPool
+from cache.block_table import BlockTable
+from cache.kv_pool import KVPool
+from drafter.base import Draft, Proposer
+from lanes.config import ConfigError, EngineConfig
+from lanes.lane import Lane
+from lanes.models import Checkpoint, build_decoder
+from lanes.ops import make_ops
+from lanes.rounds import Step
+from lanes.runner import ModelRunner
+from lanes.sampling import sample_row
+from lanes.tokenizer import Tokenizer
+
+
+def check_same_tokenizer(drafter: Tokenizer, target: Tokenizer) -> None:
+    """Drafts are token ids, so both models must mean the same thing by every id."""
+    if drafter.vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"drafter vocabulary ({drafter.vocab_size}) differs from the target's ({target.vocab_size})"
+        )
+    if drafter.tk.get_vocab(with_added_tokens=True) != target.tk.get_vocab(with_added_tokens=True):
+        raise ConfigError("drafter and target tokenizers map tokens to different ids")
+    if drafter.eos_token_ids != target.eos_token_ids or drafter.bos_token != target.bos_token:
+        raise ConfigError("drafter and target tokenizers have different special tokens")
+
+
+class _Shadow:
+    """The drafter's view of a lane: the same tokens, its own blocks and progress."""
+
+    def __init__(self, lane: Lane, block_size: int) -> None:
+        self.lane = lane
+        self.block_table = BlockTable(block_size)
+        self.num_computed = 0
+
+    @property
+    def num_known(self) -> int:
+        return self.lane.num_known
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        return self.lane.token_ids(start, end)
+
+
+class ModelDrafter(Proposer):
+    name = "model"
+
+    def __init__(self, checkpoint: Checkpoint, target_tokenizer: Tokenizer, config: EngineConfig):
+        check_same_tokenizer(checkpoint.tokenizer, target_tokenizer)
+        self.config = config
+        self.source = checkpoint.source
+        dtype = getattr(torch, config.torch_dtype_name)
+        decoder = build_decoder(checkpoint, make_ops(config.exact), dtype, config.device)
+        mc, bs = checkpoint.config, config.block_size
+        per_block = KVPool.bytes_per_block(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
+        num_blocks = max(1, config.draft_kv_cache_bytes // per_block)
+        self.pool = BlockPool(num_blocks)
+        kv = KVPool(
+            mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device
+        )
+        self.runner = ModelRunner(decoder, kv, config.device)
+        self.ops = decoder.ops
+        self.shadows: dict[int, _Shadow] = {}
+
+    def _shadow(self, lane: Lane) -> _Shadow:
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is None:
+            shadow = self.shadows[lane.request_id] = _Shadow(lane, self.config.block_size)
+        return shadow
+
+    def _reserve(self, shadow: _Shadow, end: int) -> bool:
+        """Blocks for positions < end; when the drafter's pool is full, give the lane up (it
+        catches up again later) rather than take memory from the target."""
+        need = shadow.block_table.blocks_needed(end)
+        if need > self.pool.num_free:
+            self.release(shadow.lane)
+            return False
+        shadow.block_table.append(self.pool.allocate(need))
+        return True
+
+    def prefill(self, steps: Sequence[Step]) -> None:
+        """Catch up with the target's prompt chunks: compute [drafter progress, step end)."""
+        todo = []
+        for s in steps:
+            shadow = self._shadow(s.lane)
+            if shadow.num_computed < s.end and self._reserve(shadow, s.end):
+                todo.append(Step(shadow, shadow.num_computed, s.end))
+        if todo:
+            self.runner.execute(todo)
+            for s in todo:
+                s.lane.num_computed = s.end
+
+    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+        drafts: dict[int, list[int]] = {lane.request_id: [] for lane in lanes}
+        logprobs: dict[int, list[torch.Tensor]] = {lane.request_id: [] for lane in lanes}
+        wanted: dict[int, int] = {}  # request id -> drafts to make
+        for lane, k in zip(lanes, num_drafts, strict=True):
+            shadow = self._shadow(lane)
+            # KV for the known tokens and drafts 1..k-1: positions < num_known + k - 1
+            if k > 0 and self._reserve(shadow, lane.num_known + k - 1):
+                wanted[lane.request_id] = k
+        # First forward: catch up to the known tokens and draft one; then one token per forward.
+        steps = [
+            Step(sh, sh.num_computed, sh.num_known, num_logits=1)
+            for rid, sh in self.shadows.items()
+            if rid in wanted
+        ]
+        for j in range(max(wanted.values(), default=0)):
+            if not steps:
+                break
+            logits = self.runner.execute(steps)
+            next_steps = []
+            for row, step in enumerate(steps):
+                shadow, lane = step.lane, step.lane.lane
+                shadow.num_computed = step.end
+                position = lane.num_known + j
+                token, lp = sample_row(logits[row], lane.params, position, lane.params.seed)
+                drafts[lane.request_id].append(token)
+                logprobs[lane.request_id].append(lp)
+                if j + 1 < wanted[lane.request_id]:
+                    next_steps.append(
+                        Step(shadow, position, position + 1, num_logits=1, draft_ids=(token,))
+                    )
+            steps = next_steps
+        return [
+            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if drafts[rid] else None)
+            for rid in (lane.request_id for lane in lanes)
+        ]
+
+    def accepted(self, lane: Lane) -> None:
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is None:
+            return
+        # KV past the target's settled positions belongs to rejected drafts.
+        shadow.num_computed = min(shadow.num_computed, lane.num_computed)
+        self.pool.release(shadow.block_table.truncate(lane.num_known))
+
+    def release(self, lane: Lane) -> None:
+        shadow = self.shadows.pop(lane.request_id, None)
+        if shadow is not None:
+            self.pool.release(shadow.block_table.clear())
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        owned = sum(len(sh.block_table.blocks) for sh in self.shadows.values())
+        if owned != self.pool.num_used:
+            raise AssertionError(f"drafter: {self.pool.num_used} blocks used, shadows own {owned}")

@@ -1,0 +1,41 @@
+"""The replay drafter, for benchmarks: proposes a recorded continuation, each token right with a
+set probability, so speculative speedup can be measured at a controlled acceptance on random
+weights (where no real drafter agrees with the target)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from drafter.base import Draft, Proposer
+from lanes.lane import Lane
+from lanes.sampling import uniform_noise
+
+_STREAM_REPLAY = 3
+
+
+class ReplayProposer(Proposer):
+    name = "replay"
+
+    def __init__(
+        self, recordings: dict[tuple[int, ...], list[int]], acceptance: float, vocab_size: int
+    ):
+        """recordings: prompt token ids -> the target's own (undrafted) output for that prompt."""
+        if not 0.0 <= acceptance <= 1.0:
+            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+        self.recordings = recordings
+        self.acceptance = acceptance
+        self.vocab_size = vocab_size
+
+    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+        drafts = []
+        for lane, k in zip(lanes, num_drafts, strict=True):
+            record = self.recordings.get(tuple(lane.prompt_ids), [])
+            first = lane.num_known - len(lane.prompt_ids)  # index of the next output token
+            tokens = []
+            for j in range(min(k, len(record) - first)):
+                right = record[first + j]
+                # A pure function of (seed, position): the same drafts whatever the batch.
+                u = float(uniform_noise(lane.params.seed, lane.num_known + j, 1, _STREAM_REPLAY)[0])
+                tokens.append(right if u < self.acceptance else (right + 1) % self.vocab_size)
+            drafts.append(Draft(tuple(tokens)))
+        return drafts

@@ -1,0 +1,106 @@
+"""Speculative verification: which drafted tokens the target keeps, and how many to draft.
+
+`coupled` (default): the target samples its own token at every drafted position with the same
+position-keyed noise as undrafted decoding; a draft is kept iff it equals that token, and the
+first mismatch emits the target's token. The output is therefore exactly the undrafted output.
+
+`rejection` (Leviathan et al. / Chen et al.): a draft d is kept with probability
+min(1, p(d) / q(d)); on rejection a token is drawn from the normalised residual max(0, p - q).
+The output follows the target's distribution but is not the undrafted stream token for token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from lanes.sampling import (
+    STREAM_ACCEPT,
+    STREAM_RESIDUAL,
+    SamplingParams,
+    gumbel_noise,
+    sample_row,
+    sampling_logprobs,
+    uniform_noise,
+)
+
+if TYPE_CHECKING:
+    from lanes.lane import Lane
+
+VERIFY_MODES = ("coupled", "rejection")
+_EMA = 0.3  # weight of the newest verify step in a lane's running acceptance
+_MIN_USE = 0.2  # draft k tokens while the k-th one still has this chance of being kept
+
+
+def choose_num_drafts(lane: Lane, max_drafts: int) -> int:
+    """Adaptive k: the largest k <= max_drafts whose k-th draft is kept with probability
+    >= _MIN_USE under the lane's running per-token acceptance a (kept with a**k). At least 1.
+    It changes speed only: coupled verification gives the same tokens for any k."""
+    a = lane.acceptance_ema
+    k = 1
+    while k < max_drafts and a ** (k + 1) >= _MIN_USE:
+        k += 1
+    return k
+
+
+def record_verify(lane: Lane, num_drafts: int, num_accepted: int) -> None:
+    lane.num_drafted += num_drafts
+    lane.num_accepted += num_accepted
+    lane.num_verify_steps += 1
+    if num_drafts:
+        lane.acceptance_ema = (1 - _EMA) * lane.acceptance_ema + _EMA * num_accepted / num_drafts
+
+
+def verify(
+    mode: str,
+    logits: torch.Tensor,
+    drafts: tuple[int, ...],
+    draft_logprobs: torch.Tensor | None,
+    params: SamplingParams,
+    first_position: int,
+) -> list[tuple[int, float]]:
+    """Tokens the target emits for one verify step, with their logprobs.
+
+    logits [len(drafts) + 1, vocab]: row j predicts position first_position + j, where draft j
+    stands. draft_logprobs [len(drafts), vocab] is the drafter's sampling distribution (rejection
+    mode; None for drafters that propose deterministically). Emits the kept drafts and one more
+    token: the correction at the first rejection, or the bonus after the last draft.
+    """
+    if mode == "rejection" and not params.is_greedy:
+        return _verify_rejection(logits, drafts, draft_logprobs, params, first_position)
+    out = []
+    for j in range(len(drafts) + 1):
+        token, logprobs = sample_row(logits[j], params, first_position + j, params.seed)
+        out.append((token, float(logprobs[token])))
+        if j == len(drafts) or token != drafts[j]:
+            break
+    return out
+
+
+def _verify_rejection(logits, drafts, draft_logprobs, params, first_position):
+    seed = params.seed
+    out = []
+    for j, d in enumerate(drafts):
+        pos = first_position + j
+        logp = sampling_logprobs(logits[j], params)
+        p = logp.exp()
+        if draft_logprobs is None:
+            q = torch.zeros_like(p)
+            q[d] = 1.0
+        else:
+            q = draft_logprobs[j].float().exp()
+        u = float(uniform_noise(seed, pos, 1, STREAM_ACCEPT, logits.device)[0])
+        if u * q[d] < p[d]:  # kept with probability min(1, p(d) / q(d))
+            out.append((d, float(logp[d])))
+            continue
+        residual = torch.clamp(p - q, min=0.0)
+        if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is right
+            residual = p
+        noise = gumbel_noise(seed, pos, p.shape[-1], logits.device, STREAM_RESIDUAL)
+        token = int(torch.argmax(torch.log(residual) + noise))
+        out.append((token, float(logp[token])))
+        return out
+    token, logprobs = sample_row(logits[len(drafts)], params, first_position + len(drafts), seed)
+    out.append((token, float(logprobs[token])))
+    return out
