@@ -14,7 +14,7 @@ from drafter.ngram import NgramProposer, ngram_continuation
 from drafter.replay import ReplayProposer
 from lanes import Engine, EngineConfig, SamplingParams
 from lanes.models import open_checkpoint
-from tests.conftest import write_tiny_model
+from tests.conftest import truncated, write_tiny_model
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.7, top_p=0.9, seed=9)
@@ -29,18 +29,6 @@ def target_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("target4") / "llama4"
     write_tiny_model(path, "llama", num_hidden_layers=4)
     return path
-
-
-def truncated(ckpt, num_layers):
-    """The target's first num_layers layers as a checkpoint of its own (a weak drafter)."""
-    keep = {
-        k: v
-        for k, v in ckpt.shapes.items()
-        if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers
-    }
-    return dataclasses.replace(
-        ckpt, config=dataclasses.replace(ckpt.config, num_layers=num_layers), shapes=keep
-    )
 
 
 @pytest.fixture(scope="module")
