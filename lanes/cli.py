@@ -21,7 +21,13 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=tuple(args.stop or ()),
     )
-    config = EngineConfig(device=args.device, dtype=args.dtype, exact=not args.fast)
+    config = EngineConfig(
+        device=args.device,
+        dtype=args.dtype,
+        exact=not args.fast,
+        drafter=args.drafter,
+        num_draft_tokens=args.num_draft_tokens,
+    )
     engine = Engine(args.model, config)
     use_chat = engine.tokenizer.chat_template and not args.raw
     prompt = [{"role": "user", "content": args.prompt}] if use_chat else args.prompt
@@ -37,6 +43,8 @@ def _generate(args: argparse.Namespace) -> int:
                     "text": out.text,
                     "finish_reason": out.finish_reason,
                     "seconds": round(seconds, 3),
+                    "draft_tokens": out.num_drafted,
+                    "accepted_draft_tokens": out.num_accepted,
                 }
             )
         )

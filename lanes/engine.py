@@ -53,6 +53,7 @@ class Completion:
     token_times: list[float]  # engine clock at each output token
     num_drafted: int = 0  # draft tokens verified for this request
     num_accepted: int = 0  # of them, kept
+    num_target_steps: int = 0  # target forwards that yielded this request's tokens
 
     @property
     def ttft(self) -> float | None:
@@ -224,6 +225,7 @@ class Engine:
                 lane.params,
                 s.end - s.num_logits + 1,
             )
+            lane.num_sampling_steps += 1
             if s.draft_ids:
                 record_verify(lane, len(s.draft_ids), len(emitted) - 1)
             lane.state = LaneState.DECODE
@@ -403,6 +405,7 @@ class Engine:
             token_times=list(lane.token_times),
             num_drafted=lane.num_drafted,
             num_accepted=lane.num_accepted,
+            num_target_steps=lane.num_sampling_steps,
         )
 
     def _max_len(self, lane: Lane) -> int:

@@ -42,7 +42,8 @@ class Lane:
     token_times: list[float] = field(default_factory=list)  # engine clock at each output token
     num_drafted: int = 0  # draft tokens the target verified
     num_accepted: int = 0  # of them, kept
-    num_verify_steps: int = 0
+    num_verify_steps: int = 0  # target steps that checked drafts
+    num_sampling_steps: int = 0  # target steps that yielded tokens (drafted or not)
     acceptance_ema: float = 0.8  # running per-token acceptance, for adaptive k
 
     @property

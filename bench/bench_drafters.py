@@ -1,0 +1,129 @@
+"""Speculative decoding on one machine: every drafter against no drafter, batch 1.
+
+    python bench/bench_drafters.py [--model M] [--device cpu] [--new-tokens 64] [--repeats 3]
+
+For each drafter: acceptance, tokens per target forward, and the speedup over no drafter from
+medians of alternating runs (none, drafter, none, drafter, ...). Drafters: n-gram; a model
+drafter made of the target's first layers (the default model has no public drafter we can
+fetch); replay at acceptance 0.5 and 0.8 (proposes the recorded undrafted output). Every drafted
+output is checked against the undrafted one. Writes bench/results/drafters-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from drafter.model import ModelDrafter
+from drafter.ngram import NgramProposer
+from drafter.replay import ReplayProposer
+from lanes import Engine, EngineConfig, SamplingParams
+from lanes.models import open_checkpoint
+
+PROMPTS = [
+    "Here is some Python code:\n\ndef add(a, b):\n    return a + b\n\n"
+    "Rewrite the function add with type hints, keeping the body the same.",
+    "Write a short story about a lighthouse keeper.",
+]
+
+
+def first_layers(ckpt, num_layers):
+    def kept(name):
+        return not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
+
+    return dataclasses.replace(
+        ckpt,
+        config=dataclasses.replace(ckpt.config, num_layers=num_layers),
+        shapes={k: v for k, v in ckpt.shapes.items() if kept(k)},
+    )
+
+
+def timed(engine, chats, params):
+    """Each prompt alone (batch 1), one after another; total seconds and the completions."""
+    start = time.perf_counter()
+    outs = [engine.generate([chat], params)[0] for chat in chats]
+    return time.perf_counter() - start, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--draft-layers", type=int, default=8)
+    args = ap.parse_args()
+
+    ckpt = open_checkpoint(args.model)
+    cfg = EngineConfig(device=args.device, num_draft_tokens=4)
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    base = Engine(checkpoint=ckpt, config=cfg)
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    ref = [base.generate([chat], params)[0] for chat in chats]
+    records = {tuple(o.prompt_ids): o.token_ids for o in ref}
+    vocab = ckpt.config.vocab_size
+    drafters = {
+        "ngram": NgramProposer(),
+        f"model-{args.draft_layers}-layers": ModelDrafter(
+            first_layers(ckpt, args.draft_layers), ckpt.tokenizer, cfg
+        ),
+        "replay-0.5": ReplayProposer(records, 0.5, vocab),
+        "replay-0.8": ReplayProposer(records, 0.8, vocab),
+    }
+    results = {}
+    for name, proposer in drafters.items():
+        engine = Engine(checkpoint=ckpt, config=cfg, proposer=proposer)
+        plain_s, drafted_s = [], []
+        for i in range(args.repeats + 1):  # the first pair is a warm-up
+            t_plain, _ = timed(base, chats, dataclasses.replace(params, draft=False))
+            t_draft, outs = timed(engine, chats, params)
+            if i:
+                plain_s.append(t_plain)
+                drafted_s.append(t_draft)
+        equal = [o.token_ids == r.token_ids for o, r in zip(outs, ref, strict=True)]
+        drafted = sum(o.num_drafted for o in outs)
+        accepted = sum(o.num_accepted for o in outs)
+        tokens = sum(len(o.token_ids) for o in outs)
+        steps = sum(o.num_target_steps for o in outs)
+        results[name] = {
+            "acceptance": accepted / drafted if drafted else None,
+            "tokens_per_target_forward": tokens / steps,
+            "median_s_undrafted": statistics.median(plain_s),
+            "median_s_drafted": statistics.median(drafted_s),
+            "speedup": statistics.median(plain_s) / statistics.median(drafted_s),
+            "outputs_equal_undrafted": all(equal),
+            "runs_undrafted_s": plain_s,
+            "runs_drafted_s": drafted_s,
+        }
+    print(
+        f"{'drafter':18} {'accept':>7} {'tok/fwd':>8} {'undrafted s':>12} {'drafted s':>10} {'speedup':>8} equal"
+    )
+    for name, r in results.items():
+        acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+        print(
+            f"{name:18} {acc:>7} {r['tokens_per_target_forward']:8.2f} {r['median_s_undrafted']:12.2f}"
+            f" {r['median_s_drafted']:10.2f} {r['speedup']:7.2f}x {r['outputs_equal_undrafted']}"
+        )
+    meta = {
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads, {args.device}",
+        "model": ckpt.source,
+        "dtype": cfg.torch_dtype_name,
+        "batch": 1,
+        "prompts": len(chats),
+        "new_tokens": args.new_tokens,
+        "num_draft_tokens": cfg.num_draft_tokens,
+        "repeats": args.repeats,
+    }
+    out = Path(__file__).parent / "results" / f"drafters-{args.device}.json"
+    out.write_text(json.dumps({"meta": meta, "drafters": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
