@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--raw", action="store_true", help="no chat template, even if the model has one"
     )
+    gen.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
+    gen.add_argument("--num-draft-tokens", type=int, default=4)
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     gen.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
