@@ -54,7 +54,66 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    raise _CliError("`lanes serve` is not built yet (issue 5); use `lanes generate` for now")
+    import logging
+
+    import uvicorn
+
+    from lanes.config import EngineConfig
+    from lanes.engine import Engine
+    from lanes.server import build_app
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    device = args.device or ("cuda" if _cuda() else "cpu")
+    config = EngineConfig(
+        device=device,
+        dtype=args.dtype,
+        exact=not args.fast,
+        drafter=args.drafter,
+        num_draft_tokens=args.num_draft_tokens,
+        prefill_share=args.prefill_share,
+        max_lanes=args.max_lanes,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        kv_cache_bytes=args.kv_cache_bytes,
+    )
+    engine = Engine(args.model, config)
+    name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
+    app = build_app(engine, name, api_key=args.api_key)
+    capacity = engine.pool.num_blocks * config.block_size
+    logging.getLogger("lanes").info(
+        "serving %s (%s) | drafter %s | %s on %s | %s mode | KV %d tokens (%d blocks) | http://%s:%d/v1",
+        name,
+        engine.source,
+        config.drafter,
+        config.torch_dtype_name,
+        device,
+        "exact" if config.exact else "fast",
+        capacity,
+        engine.pool.num_blocks,
+        args.host,
+        args.port,
+    )
+    runner = app.state.runner
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # end every lane now, so open streams close promptly
+            runner.cancel_all()
+            super().handle_exit(sig, frame)
+
+    server = Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
+        )
+    )
+    server.run()
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class _CliError(Exception):
@@ -85,9 +144,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print token ids and text as JSON")
     gen.set_defaults(run=_generate)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible server (not built yet)")
-    serve.add_argument("--model", default=None)
-    serve.add_argument("--drafter", default="none")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")
+    serve.add_argument("--served-model-name", default=None, help="the model id clients send")
+    serve.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
+    serve.add_argument("--num-draft-tokens", type=int, default=4)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--prefill-share", type=float, default=0.5)
+    serve.add_argument("--max-lanes", type=int, default=16)
+    serve.add_argument("--prompt-cache-bytes", type=int, default=256 * 2**20)
+    serve.add_argument("--kv-cache-bytes", type=int, default=512 * 2**20)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    serve.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
+    mode = serve.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--exact", action="store_true", default=True, help="batch-invariant ops (default)"
+    )
+    mode.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
     serve.set_defaults(run=_serve)
     return parser
 

@@ -54,6 +54,7 @@ class Completion:
     num_drafted: int = 0  # draft tokens verified for this request
     num_accepted: int = 0  # of them, kept
     num_target_steps: int = 0  # target forwards that yielded this request's tokens
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
 
     @property
     def ttft(self) -> float | None:
@@ -119,9 +120,13 @@ class Engine:
         raise RequestError("a prompt is a string, a list of token ids, or a list of messages")
 
     def add_request(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> int:
+        return self.submit(prompt, params, cache_salt).request_id
+
+    def submit(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> Lane:
+        """Validate and queue a request; its lane shows progress (output_ids, text) as it runs."""
         lane = self._new_lane(prompt, params, cache_salt)
         self.waiting.append(lane)
-        return lane.request_id
+        return lane
 
     def cached_prefix_len(self, prompt: Prompt, cache_salt: str = "") -> int:
         """Tokens of this prompt's prefix the prompt cache holds now (whole blocks)."""
@@ -229,8 +234,8 @@ class Engine:
             if s.draft_ids:
                 record_verify(lane, len(s.draft_ids), len(emitted) - 1)
             lane.state = LaneState.DECODE
-            for token, logprob in emitted:
-                self._append(lane, token, logprob, now)
+            for token, logprobs in emitted:
+                self._append(lane, token, logprobs, now)
                 if lane.finish_reason is not None:
                     break
             if lane.finish_reason is not None:
@@ -406,6 +411,7 @@ class Engine:
             num_drafted=lane.num_drafted,
             num_accepted=lane.num_accepted,
             num_target_steps=lane.num_sampling_steps,
+            top_logprobs=list(lane.output_top_logprobs),
         )
 
     def _max_len(self, lane: Lane) -> int:
@@ -413,10 +419,15 @@ class Engine:
         cap = min(self.context_len, self.pool.num_blocks * self.config.block_size)
         return min(len(lane.prompt_ids) + lane.params.max_tokens, cap)
 
-    def _append(self, lane: Lane, token: int, logprob: float, now: float) -> None:
+    def _append(self, lane: Lane, token: int, logprobs: torch.Tensor, now: float) -> None:
         p = lane.params
         lane.output_ids.append(token)
-        lane.output_logprobs.append(logprob)
+        lane.output_logprobs.append(float(logprobs[token]))
+        if p.top_logprobs:
+            top = torch.topk(logprobs, p.top_logprobs)
+            lane.output_top_logprobs.append(
+                list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            )
         lane.token_times.append(now)
         lane.text += lane.detokenizer.push(token)
         is_stop_token = (

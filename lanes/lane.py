@@ -30,6 +30,7 @@ class Lane:
     detokenizer: IncrementalDetokenizer
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the lane's blocks
     state: LaneState = LaneState.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "cancelled"

@@ -27,7 +27,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    draft: bool = True  # per-request speculative decoding switch (used once drafters exist)
+    draft: bool = True  # per-request speculative decoding switch
+    top_logprobs: int = 0  # also keep this many most likely tokens per position (0..20)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -44,6 +45,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
 
     @property
     def is_greedy(self) -> bool:

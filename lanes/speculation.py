@@ -59,8 +59,9 @@ def verify(
     draft_logprobs: torch.Tensor | None,
     params: SamplingParams,
     first_position: int,
-) -> list[tuple[int, float]]:
-    """Tokens the target emits for one verify step, with their logprobs.
+) -> list[tuple[int, torch.Tensor]]:
+    """Tokens the target emits for one verify step, each with the log-probabilities [vocab] of
+    the distribution it was sampled from.
 
     logits [len(drafts) + 1, vocab]: row j predicts position first_position + j, where draft j
     stands. draft_logprobs [len(drafts), vocab] is the drafter's sampling distribution (rejection
@@ -72,7 +73,7 @@ def verify(
     out = []
     for j in range(len(drafts) + 1):
         token, logprobs = sample_row(logits[j], params, first_position + j, params.seed)
-        out.append((token, float(logprobs[token])))
+        out.append((token, logprobs))
         if j == len(drafts) or token != drafts[j]:
             break
     return out
@@ -92,15 +93,15 @@ def _verify_rejection(logits, drafts, draft_logprobs, params, first_position):
             q = draft_logprobs[j].float().exp()
         u = float(uniform_noise(seed, pos, 1, STREAM_ACCEPT, logits.device)[0])
         if u * q[d] < p[d]:  # kept with probability min(1, p(d) / q(d))
-            out.append((d, float(logp[d])))
+            out.append((d, logp))
             continue
         residual = torch.clamp(p - q, min=0.0)
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is right
             residual = p
         noise = gumbel_noise(seed, pos, p.shape[-1], logits.device, STREAM_RESIDUAL)
         token = int(torch.argmax(torch.log(residual) + noise))
-        out.append((token, float(logp[token])))
+        out.append((token, logp))
         return out
     token, logprobs = sample_row(logits[len(drafts)], params, first_position + len(drafts), seed)
-    out.append((token, float(logprobs[token])))
+    out.append((token, logprobs))
     return out

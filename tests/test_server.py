@@ -1,0 +1,351 @@
+"""The OpenAI-compatible server, driven by the official openai client over loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+import uvicorn
+
+from lanes import Engine, EngineConfig
+from lanes.server import build_app
+from tests.conftest import write_tiny_model
+
+MODEL = "tiny"
+
+
+class LiveServer:
+    """uvicorn on a free loopback port, in a thread of this process."""
+
+    def __init__(self, engine: Engine, api_key: str | None = None) -> None:
+        self.app = build_app(engine, MODEL, api_key=api_key)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw
+        )
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return r.read().decode()
+
+    def kv(self) -> dict:
+        return json.loads(self.get("/debug/kv"))
+
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory):
+    """The tiny llama with a 4K context, for prompts long enough to disconnect mid-prefill."""
+    path = tmp_path_factory.mktemp("long") / "llama"
+    write_tiny_model(path, "llama", max_position_embeddings=4096)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir):
+    engine = Engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=32))
+    with LiveServer(engine) as live:
+        yield live
+
+
+def test_models_health_and_errors(server):
+    client = server.client()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert json.loads(server.get("/health")) == {"status": "ok"}
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model=MODEL, prompt="x", top_p=3)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model=MODEL, prompt=[5] * 5000)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        client.completions.create(model=MODEL, prompt="x", presence_penalty=1.0)
+    # still serving after bad input
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].finish_reason
+
+
+def test_completions_and_chat_streaming_and_not(server):
+    client = server.client()
+    kw = dict(model=MODEL, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(prompt="The quick brown", **kw)
+    assert whole.usage.completion_tokens == 12 and whole.choices[0].finish_reason == "length"
+    pieces = list(client.completions.create(prompt="The quick brown", stream=True, **kw))
+    assert "".join(c.choices[0].text for c in pieces if c.choices) == whole.choices[0].text
+    msgs = [{"role": "user", "content": "Paris is the capital of"}]
+    chat = client.chat.completions.create(messages=msgs, **kw)
+    assert chat.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(
+        messages=msgs, stream=True, stream_options={"include_usage": True}, **kw
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].choices == []
+
+
+def test_seeds_n_stop_and_logprobs(server):
+    client = server.client()
+    kw = dict(
+        model=MODEL,
+        prompt="Numbers 0123",
+        max_tokens=10,
+        temperature=0.9,
+        extra_body={"ignore_eos": True},
+    )
+    a = client.completions.create(seed=7, n=3, **kw)
+    b = client.completions.create(seed=7, n=3, **kw)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len({c.text for c in a.choices}) > 1  # n choices differ from one another
+    free = client.completions.create(
+        model=MODEL,
+        prompt="The quick",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    text = free.choices[0].text
+    stop = text[4:6]
+    cut = client.completions.create(
+        model=MODEL,
+        prompt="The quick",
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert (
+        cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    )
+    lp = (
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=3,
+        )
+        .choices[0]
+        .logprobs.content
+    )
+    assert len(lp) >= 1
+    for item in lp:
+        assert len(item.top_logprobs) == 3
+        best = max(t.logprob for t in item.top_logprobs)
+        assert item.logprob == pytest.approx(best)  # greedy: the chosen token is the most likely
+        assert all(t.logprob <= 0 for t in item.top_logprobs)
+
+
+def test_draft_true_equals_draft_false_over_http(long_model_dir):
+    engine = Engine(str(long_model_dir), EngineConfig(drafter="ngram"))
+    with LiveServer(engine) as live:
+        client = live.client()
+        for extra in ({}, {"seed": 3, "temperature": 0.8, "top_p": 0.9}):
+            kw = dict(
+                model=MODEL,
+                prompt=[11, 12, 13, 14] * 10,
+                max_tokens=30,
+                **({"temperature": 0} | extra),
+            )
+            on = client.completions.create(
+                **kw, extra_body={"draft": True, "ignore_eos": True, "cache_salt": "a"}
+            )
+            off = client.completions.create(
+                **kw, extra_body={"draft": False, "ignore_eos": True, "cache_salt": "b"}
+            )
+            assert on.choices[0].text == off.choices[0].text
+            assert off.usage.completion_tokens_details.accepted_prediction_tokens == 0
+        assert json.loads(live.get("/debug/kv"))["integrity"] == "ok"
+
+
+LONG = [random.Random(2).randrange(3, 380) for _ in range(3000)]
+
+
+def test_disconnect_mid_prefill_then_retry_resumes(server):
+    async def disconnect_early():
+        client = server.async_client()
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt=LONG,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        await asyncio.sleep(0.3)  # prefill of 3000 tokens in 16-token forwards takes longer
+        await stream.close()
+        await client.close()
+
+    asyncio.run(disconnect_early())
+    deadline = time.time() + 30
+    while server.kv()["active_lanes"] and time.time() < deadline:
+        time.sleep(0.05)
+    kv = server.kv()
+    assert kv["active_lanes"] == 0 and kv["integrity"] == "ok"
+    client = server.client()
+    kw = dict(model=MODEL, prompt=LONG, max_tokens=8, temperature=0)
+    retry = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    fresh = client.completions.create(**kw, extra_body={"ignore_eos": True, "cache_salt": "fresh"})
+    assert 0 < retry.usage.prompt_tokens_details.cached_tokens < len(LONG) - 100  # mid-prefill
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert retry.choices[0].text == fresh.choices[0].text
+
+
+def test_twenty_clients_with_random_disconnects(server):
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, 380) for _ in range(rng.randint(5, 200))] for _ in range(20)]
+    client = server.client()
+    solo = [
+        client.completions.create(
+            model=MODEL,
+            prompt=p,
+            max_tokens=16,
+            temperature=0.7,
+            seed=i,
+            extra_body={"ignore_eos": True, "cache_salt": "solo"},
+        )
+        .choices[0]
+        .text
+        for i, p in enumerate(prompts)
+    ]
+
+    async def one(i: int, client: openai.AsyncOpenAI):
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt=prompts[i],
+            max_tokens=16,
+            temperature=0.7,
+            seed=i,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        text, finish = "", None
+        quit_after = rng.randint(1, 12) if i % 3 == 0 else None  # a third of them hang up early
+        async for chunk in stream:
+            for c in chunk.choices:
+                text += c.text
+                finish = c.finish_reason or finish
+            if quit_after is not None:
+                quit_after -= 1
+                if quit_after == 0:
+                    await stream.close()
+                    return None
+        return text if finish else None
+
+    async def main():
+        client = server.async_client()
+        try:
+            return await asyncio.gather(*(one(i, client) for i in range(20)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(main())
+    completed = [(i, t) for i, t in enumerate(results) if t is not None]
+    assert len(completed) >= 10
+    for i, text in completed:
+        assert text == solo[i]
+    assert json.loads(server.get("/health")) == {"status": "ok"}
+    deadline = time.time() + 30
+    while server.kv()["active_lanes"] and time.time() < deadline:
+        time.sleep(0.05)
+    kv = server.kv()
+    assert kv["integrity"] == "ok" and kv["blocks_owned_by_lanes"] == 0 and kv["active_lanes"] == 0
+    assert kv["blocks_free"] + kv["blocks_cached"] == kv["blocks_total"]
+    metrics = server.get("/metrics")
+    assert (
+        "lanes_kv_integrity_ok 1.0" in metrics
+        and "lanes_time_to_first_token_seconds_count" in metrics
+    )
+
+
+def test_api_key(long_model_dir):
+    engine = Engine(str(long_model_dir))
+    with LiveServer(engine, api_key="sesame") as live:
+        with pytest.raises(openai.AuthenticationError):
+            live.client(api_key="wrong").models.list()
+        assert live.client(api_key="sesame").models.list().data[0].id == MODEL
+        assert json.loads(live.get("/health"))["status"] == "ok"  # health needs no key
+
+
+def test_lanes_serve_exits_promptly_on_sigterm(long_model_dir):
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lanes.cli",
+            "serve",
+            "--model",
+            str(long_model_dir),
+            "--port",
+            str(port),
+            "--served-model-name",
+            MODEL,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                assert time.time() < deadline and proc.poll() is None, "server did not start"
+                time.sleep(0.1)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        stream = client.completions.create(
+            model=MODEL, prompt=LONG, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+        )
+        next(iter(stream))  # the request is in flight
+        start = time.time()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        assert time.time() - start < 10
+        log = proc.stdout.read()
+        assert (
+            "serving tiny" in log and "exact mode" in log and f"http://127.0.0.1:{port}/v1" in log
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
