@@ -8,6 +8,7 @@ import random
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -91,6 +92,16 @@ def test_models_health_and_errors(server):
         client.completions.create(model=MODEL, prompt=[5] * 5000)
     with pytest.raises(openai.BadRequestError, match="presence_penalty"):
         client.completions.create(model=MODEL, prompt="x", presence_penalty=1.0)
+    big = urllib.request.Request(
+        server.url + "/v1/completions", data=b" " * (5 * 2**20), method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(big, timeout=30)
+    assert e.value.code == 413 and "error" in json.loads(e.value.read())
+    bad = urllib.request.Request(server.url + "/v1/completions", data=b"{not json", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(bad, timeout=30)
+    assert e.value.code == 400 and "JSON" in json.loads(e.value.read())["error"]["message"]
     # still serving after bad input
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].finish_reason
 
