@@ -92,16 +92,21 @@ def test_models_health_and_errors(server):
         client.completions.create(model=MODEL, prompt=[5] * 5000)
     with pytest.raises(openai.BadRequestError, match="presence_penalty"):
         client.completions.create(model=MODEL, prompt="x", presence_penalty=1.0)
-    big = urllib.request.Request(
-        server.url + "/v1/completions", data=b" " * (5 * 2**20), method="POST"
-    )
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(big, timeout=30)
-    assert e.value.code == 413 and "error" in json.loads(e.value.read())
-    bad = urllib.request.Request(server.url + "/v1/completions", data=b"{not json", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(bad, timeout=30)
-    assert e.value.code == 400 and "JSON" in json.loads(e.value.read())["error"]["message"]
+    import http.client
+
+    for body, headers, status in (
+        (b"", {"Content-Length": str(5 * 2**20)}, 413),  # refused on the header, before the body
+        (b"{not json", {"Content-Length": "9"}, 400),
+    ):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.putrequest("POST", "/v1/completions")
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders(body or None)
+        reply = conn.getresponse()
+        assert reply.status == status
+        assert json.loads(reply.read())["error"]["message"]
+        conn.close()
     # still serving after bad input
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].finish_reason
 
