@@ -56,7 +56,9 @@ class ModelDrafter(Proposer):
         self.config = config
         self.source = checkpoint.source
         dtype = getattr(torch, config.torch_dtype_name)
-        decoder = build_decoder(checkpoint, make_ops(config.exact), dtype, config.device)
+        decoder = build_decoder(
+            checkpoint, make_ops(config.exact, config.device, config.kernels), dtype, config.device
+        )
         mc, bs = checkpoint.config, config.block_size
         per_block = KVPool.bytes_per_block(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
         num_blocks = max(1, config.draft_kv_cache_bytes // per_block)

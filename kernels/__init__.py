@@ -1,4 +1,4 @@
-"""Triton kernels, each with a plain-torch `ref_*` of the same math: arrive with issue 6.
+"""Triton kernels, each with a plain-torch `ref_*` of the same math; kernels.registry lists them.
 
-Until then every op runs through lanes.ops (plain torch, batch-invariant on the CPU).
+Importing a kernel module imports Triton; lanes.ops imports these only when Triton ops are used.
 """

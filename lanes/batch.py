@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -33,6 +34,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [num_tokens] int64: where each token's K and V are written
     seqs: tuple[SeqSlice, ...]
     logits_indices: torch.Tensor  # [num_logits] int64: rows whose next-token logits are wanted
+    attn_meta: Any = field(default=None, compare=False)  # built by Ops.prepare (Triton ops)
 
     @property
     def num_tokens(self) -> int:

@@ -157,6 +157,7 @@ class EngineConfig:
     prefill_share: float = 0.5  # share of wall time for prompt work when decode also waits
     prompt_cache_bytes: int = 256 * 2**20  # at most this much KV is kept for prefix reuse
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
+    kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"
@@ -180,6 +181,8 @@ class EngineConfig:
             raise ConfigError("prompt_cache_bytes must be >= 0")
         if not 0 <= self.num_draft_tokens <= 15:
             raise ConfigError(f"num_draft_tokens must be in [0, 15], got {self.num_draft_tokens}")
+        if self.kernels not in ("auto", "triton", "torch"):
+            raise ConfigError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
         if self.verify_mode not in ("coupled", "rejection"):
             raise ConfigError(f"verify_mode must be coupled or rejection, not {self.verify_mode!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

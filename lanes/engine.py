@@ -79,7 +79,7 @@ class Engine:
         self.source = ckpt.source
         self.clock = clock
         self.dtype = getattr(torch, cfg.torch_dtype_name)
-        self.ops = make_ops(cfg.exact)
+        self.ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
         decoder = build_decoder(ckpt, self.ops, self.dtype, cfg.device)
         bs = cfg.block_size
         per_block = KVPool.bytes_per_block(

@@ -40,6 +40,22 @@ class Ops:
         """Causal paged attention; q [num_tokens, num_heads, head_dim]."""
         raise NotImplementedError
 
+    def prepare(self, batch: ForwardBatch) -> ForwardBatch:
+        """Per-forward metadata the ops need (built once, carried on the batch)."""
+        return batch
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + x, rms_norm(residual + x)): the residual stream's add, then its norm."""
+        summed = residual + x
+        return summed, self.rms_norm(summed, weight, eps)
+
+    def write_kv(self, k_cache, v_cache, slots, k, v) -> None:
+        """Store k, v [T, HKV, D] at slots [T] of the layer's caches [S, HKV, D]."""
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, v)
+
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary embedding, rotate-half layout: x [tokens, heads, head_dim]; cos, sin
         [tokens, head_dim / 2]. Elementwise, hence batch-invariant."""
@@ -103,5 +119,11 @@ class FastOps(Ops):
         return sdpa_attention(q, k_cache, v_cache, batch)
 
 
-def make_ops(exact: bool) -> Ops:
+def make_ops(exact: bool, device: str = "cpu", kernels: str = "auto") -> Ops:
+    """kernels: "auto" (Triton on CUDA in exact mode, torch otherwise), "triton" or "torch"."""
+    use_triton = kernels == "triton" or (kernels == "auto" and exact and device.startswith("cuda"))
+    if use_triton:
+        from lanes.triton_ops import TritonOps
+
+        return TritonOps()
     return ExactOps() if exact else FastOps()

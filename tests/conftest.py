@@ -11,6 +11,9 @@ import torch
 
 # Tests never reach a model hub; the default model's wheel comes from the package index.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Without a GPU, Triton kernels run on its CPU interpreter; this must be set before Triton loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -26,25 +26,27 @@ class Decoder:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         cfg, ops, w = self.cfg, self.ops, self.weights
-        n, d = batch.num_tokens, cfg.head_dim
+        batch = ops.prepare(batch)
+        n, d, eps = batch.num_tokens, cfg.head_dim, cfg.rms_norm_eps
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, head_dim / 2]
-        h = w.embed[batch.input_ids]  # [n, hidden]
+        residual = w.embed[batch.input_ids]  # [n, hidden]
+        x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
-            x = ops.rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size]
             q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.reshape(n, cfg.num_heads, d)
             k = k.reshape(n, cfg.num_kv_heads, d)
             v = v.reshape(n, cfg.num_kv_heads, d)
             if cfg.qk_norm:
-                q = ops.rms_norm(q.reshape(-1, d), layer.q_norm, cfg.rms_norm_eps).view(q.shape)
-                k = ops.rms_norm(k.reshape(-1, d), layer.k_norm, cfg.rms_norm_eps).view(k.shape)
-            q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
-            kv.write(i, batch.slot_mapping, k, v)
+                q = ops.rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(q.shape)
+                k = ops.rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(k.shape)
+            q, k = ops.rope(q.contiguous(), cos, sin), ops.rope(k.contiguous(), cos, sin)
+            ops.write_kv(kv.k[i], kv.v[i], batch.slot_mapping, k, v.contiguous())
             attn = ops.attention(q, kv.k[i], kv.v[i], batch)  # [n, num_heads, head_dim]
-            h = h + ops.linear(attn.reshape(n, cfg.q_size), layer.o)
-            x = ops.rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+            o = ops.linear(attn.reshape(n, cfg.q_size), layer.o)
+            residual, x = ops.add_rms_norm(o, residual, layer.post_norm, eps)
             gate, up = ops.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + ops.linear(F.silu(gate) * up, layer.down)
-        x = ops.rms_norm(h[batch.logits_indices], w.norm, cfg.rms_norm_eps)
-        return ops.linear(x, w.lm_head).float()  # [num_logits, vocab]
+            down = ops.linear(F.silu(gate) * up, layer.down)
+            next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
+            residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
+        return ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]

@@ -1,0 +1,207 @@
+"""Every kernel with its contract: dtypes, limits, batch invariance, its reference, tolerance,
+and how to make fresh random inputs for it. tests/test_kernels.py walks this list, so no kernel
+ships untested; `lanes kernels` prints it with each kernel's last GPU check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels import attention, kv_write, matmul, rmsnorm, rope, sampling
+
+Case = tuple  # positional arguments for both the kernel and its reference
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    run: Callable
+    ref: Callable
+    dtypes: tuple[torch.dtype, ...]
+    batch_invariant: bool
+    limits: str
+    tolerance: dict[torch.dtype, tuple[float, float]]  # (rtol, atol) against the reference
+    cases: Callable[[torch.dtype, str, torch.Generator], list[Case]]
+
+
+def _rand(shape, dtype, device, gen, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+
+def _matmul_cases(dtype, device, gen):
+    out = []
+    for m, n, k, bias in [
+        (1, 64, 128, False),
+        (37, 96, 256, True),
+        (128, 130, 64, False),
+        (5, 512, 1024, True),
+    ]:
+        out.append(
+            (
+                _rand((m, k), dtype, device, gen),
+                _rand((n, k), dtype, device, gen, k**-0.5),
+                _rand((n,), dtype, device, gen) if bias else None,
+            )
+        )
+    return out
+
+
+def _norm_cases(dtype, device, gen):
+    return [
+        (
+            _rand((m, d), dtype, device, gen),
+            _rand((m, d), dtype, device, gen) if res else None,
+            _rand((d,), dtype, device, gen),
+            1e-5,
+        )
+        for m, d, res in [(1, 64, True), (19, 96, False), (33, 576, True)]
+    ]
+
+
+def _rope_cases(dtype, device, gen):
+    out = []
+    for t, h, d in [(1, 4, 16), (23, 3, 64), (9, 8, 128)]:
+        ang = torch.rand((t, d // 2), generator=gen) * 6.28
+        out.append(
+            (_rand((t, h, d), dtype, device, gen), ang.cos().to(device), ang.sin().to(device))
+        )
+    return out
+
+
+def _kv_cases(dtype, device, gen):
+    out = []
+    for t, s, h, d in [(1, 32, 2, 16), (17, 64, 3, 64)]:
+        slots = torch.randperm(s, generator=gen)[:t].to(device)
+        out.append(
+            (
+                torch.zeros((s, h, d), dtype=dtype, device=device),
+                torch.zeros((s, h, d), dtype=dtype, device=device),
+                slots,
+                _rand((t, h, d), dtype, device, gen),
+                _rand((t, h, d), dtype, device, gen),
+            )
+        )
+    return out
+
+
+def _kv_run(k_cache, v_cache, slots, k, v):
+    kc, vc = k_cache.clone(), v_cache.clone()
+    kv_write.kv_write(kc, vc, slots, k, v)
+    return kc, vc
+
+
+def _kv_ref(k_cache, v_cache, slots, k, v):
+    kc, vc = k_cache.clone(), v_cache.clone()
+    kv_write.ref_kv_write(kc, vc, slots, k, v)
+    return kc, vc
+
+
+def attention_case(dtype, device, gen, lanes, hq, hkv, d, num_slots=512):
+    """A paged batch: lanes = [(num_queries, context_len)], slots scattered over the pool."""
+    k_cache = _rand((num_slots, hkv, d), dtype, device, gen)
+    v_cache = _rand((num_slots, hkv, d), dtype, device, gen)
+    perm = torch.randperm(num_slots, generator=gen).to(device)
+    seqs, used, rows = [], 0, 0
+    for nq, cl in lanes:
+        seqs.append((rows, nq, cl, perm[used : used + cl]))
+        used += cl
+        rows += nq
+    return _rand((rows, hq, d), dtype, device, gen), k_cache, v_cache, seqs
+
+
+def _attention_cases(dtype, device, gen):
+    return [
+        attention_case(dtype, device, gen, [(1, 1), (5, 70), (1, 130)], 4, 2, 16),
+        attention_case(dtype, device, gen, [(40, 40), (3, 200)], 6, 2, 32),
+        attention_case(dtype, device, gen, [(17, 100)], 9, 3, 64),
+    ]
+
+
+def _attention_run(q, k_cache, v_cache, seqs):
+    meta = attention.make_meta(seqs, q.shape[1] // k_cache.shape[1], q.device)
+    return attention.paged_attention(q, k_cache, v_cache, meta)
+
+
+def _sampling_cases(dtype, device, gen):
+    out = []
+    for r, v in [(4, 300), (3, 2000)]:
+        logits = _rand((r, v), torch.float32, device, gen, 3.0)
+        temps = torch.tensor([0.0, 0.7, 1.0, 1.3][:r])
+        top_k = torch.tensor([0, 0, 20, 5][:r], dtype=torch.int32)
+        top_p = torch.tensor([1.0, 0.9, 1.0, 0.5][:r])
+        seeds = [int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in range(r)]
+        positions = [int(torch.randint(0, 10**6, (1,), generator=gen)) for _ in range(r)]
+        out.append((logits, temps, top_k, top_p, seeds, positions))
+    return out
+
+
+_LOW = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (5e-3, 5e-3)}
+
+REGISTRY: list[KernelSpec] = [
+    KernelSpec(
+        "matmul",
+        matmul.matmul,
+        matmul.ref_matmul,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "K a multiple of 64; x [M, K], w [N, K] unit stride on K; split-K fixed by (N, K)",
+        _LOW,
+        _matmul_cases,
+    ),
+    KernelSpec(
+        "add_rms_norm",
+        rmsnorm.add_rms_norm,
+        rmsnorm.ref_add_rms_norm,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "x [M, D] contiguous; one program per row",
+        _LOW,
+        _norm_cases,
+    ),
+    KernelSpec(
+        "rope",
+        rope.rope,
+        rope.ref_rope,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "x [T, H, D] contiguous, D even; cos/sin float32 [T, D/2]",
+        _LOW,
+        _rope_cases,
+    ),
+    KernelSpec(
+        "kv_write",
+        _kv_run,
+        _kv_ref,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "k, v [T, H, D]; caches [S, H, D] contiguous; int64 slots",
+        {t: (0.0, 0.0) for t in _LOW},
+        _kv_cases,
+    ),
+    KernelSpec(
+        "paged_attention",
+        _attention_run,
+        attention.ref_paged_attention,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "head_dim a power of two >= 16; GQA; keys in 64-position absolute tiles",
+        _LOW,
+        _attention_cases,
+    ),
+    KernelSpec(
+        "sample_tokens",
+        sampling.sample_tokens,
+        sampling.ref_sample_tokens,
+        (torch.float32,),
+        True,
+        "logits [R, V] contiguous; top-k/top-p by bisection; tokens equal to the sorting reference",
+        {torch.float32: (0.0, 0.0)},
+        _sampling_cases,
+    ),
+]
+
+
+def by_name(name: str) -> KernelSpec:
+    return next(s for s in REGISTRY if s.name == name)

@@ -1,0 +1,189 @@
+"""Position-keyed sampling over the vocabulary: greedy argmax, or argmax(logits / T + gumbel)
+over the top-k / top-p set, one program per row. The Gumbel noise is the same counter-based hash
+of (seed, position, token) as lanes.sampling, so a row's token never depends on the batch.
+
+Top-k and top-p are thresholds found by bisection (no sort): top-k keeps z >= the largest value
+v with #(z >= v) >= k; top-p keeps p >= the largest tau with mass(p >= tau) >= top_p, i.e. the
+smallest most-likely set reaching top_p, as the sorting reference does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common import check
+
+_BISECT = 40  # float32 thresholds: 40 halvings reach the resolution of the interval's floats
+BLOCK_V = 1024
+
+
+@triton.jit
+def _mix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _gumbel(seed_lo, seed_hi, pos, tok):
+    # the same mixing as lanes.sampling.uniform_noise, stream 0, in uint32 arithmetic
+    h = _mix32(tl.zeros_like(tok) + (seed_lo ^ 0x9E3779B9))
+    h = _mix32(h ^ seed_hi)
+    h = _mix32(h ^ pos)
+    h = _mix32(h ^ tok)
+    u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr,  # [R, V]
+    temp_ptr,  # [R] fp32 (0: greedy)
+    top_k_ptr,  # [R] int32 (0: off)
+    top_p_ptr,  # [R] fp32 (1: off)
+    seed_lo_ptr,  # [R] uint32
+    seed_hi_ptr,  # [R] uint32
+    pos_ptr,  # [R] uint32
+    out_ptr,  # [R] int64
+    V,
+    BLOCK: tl.constexpr,
+    BISECT: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = logits_ptr + row.to(tl.int64) * V
+    temp = tl.load(temp_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    greedy = temp == 0.0
+    inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, temp))
+    cols = tl.arange(0, BLOCK)
+
+    # max and min of z = logits / T
+    z_max = float("-inf")
+    z_min = float("inf")
+    for start in range(0, V, BLOCK):
+        mask = start + cols < V
+        z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+        z_max = tl.maximum(z_max, tl.max(tl.where(mask, z, float("-inf")), axis=0))
+        z_min = tl.minimum(z_min, tl.min(tl.where(mask, z, float("inf")), axis=0))
+
+    # top-k: the largest threshold keeping at least top_k values
+    k_thr = z_min
+    if (top_k > 0) & (top_k < V) & (~greedy):
+        lo = z_min
+        hi = z_max
+        for _ in range(BISECT):
+            mid = lo + (hi - lo) * 0.5
+            count = 0
+            for start in range(0, V, BLOCK):
+                mask = start + cols < V
+                z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+                count += tl.sum(tl.where(mask & (z >= mid), 1, 0), axis=0)
+            keep_mid = count >= top_k
+            lo = tl.where(keep_mid, mid, lo)
+            hi = tl.where(keep_mid, hi, mid)
+        k_thr = lo
+
+    # softmax normaliser over the top-k set, then the top-p threshold on probabilities
+    total = 0.0
+    for start in range(0, V, BLOCK):
+        mask = start + cols < V
+        z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+        total += tl.sum(tl.where(mask & (z >= k_thr), tl.exp(z - z_max), 0.0), axis=0)
+    p_thr = 0.0
+    if (top_p < 1.0) & (~greedy):
+        lo = 0.0
+        hi = 1.0
+        for _ in range(BISECT):
+            mid = lo + (hi - lo) * 0.5
+            mass = 0.0
+            for start in range(0, V, BLOCK):
+                mask = start + cols < V
+                z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+                p = tl.exp(z - z_max) / total
+                mass += tl.sum(tl.where(mask & (z >= k_thr) & (p >= mid), p, 0.0), axis=0)
+            keep_mid = mass >= top_p
+            lo = tl.where(keep_mid, mid, lo)
+            hi = tl.where(keep_mid, hi, mid)
+        p_thr = lo
+
+    # argmax of z (+ noise) over the kept set; ties go to the lowest token id
+    seed_lo = tl.load(seed_lo_ptr + row)
+    seed_hi = tl.load(seed_hi_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    best = float("-inf")
+    best_i = 0
+    for start in range(0, V, BLOCK):
+        idx = start + cols
+        mask = idx < V
+        z = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32) * inv_t
+        keep = mask & (z >= k_thr) & (tl.exp(z - z_max) / total >= p_thr)
+        score = tl.where(greedy, z, z + _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32)))
+        score = tl.where(keep, score, float("-inf"))
+        m = tl.max(score, axis=0)
+        i = tl.min(tl.where(score == m, idx, V), axis=0)
+        take = m > best
+        best_i = tl.where(take, i, best_i)
+        best = tl.where(take, m, best)
+    tl.store(out_ptr + row, best_i.to(tl.int64))
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: list[int],
+    positions: list[int],
+) -> torch.Tensor:
+    """One token per row of logits [R, V] -> int64 [R]."""
+    check(logits.dim() == 2 and logits.is_contiguous(), "logits must be contiguous [R, V]")
+    r, v = logits.shape
+    check(
+        temperature.shape == top_k.shape == top_p.shape == (r,),
+        "one temperature, top_k, top_p per row",
+    )
+    check(len(seeds) == len(positions) == r, "one seed and position per row")
+    dev = logits.device
+    mask = 0xFFFFFFFF
+    seed_lo = torch.tensor([s & mask for s in seeds], dtype=torch.int64).to(torch.uint32).to(dev)
+    seed_hi = (
+        torch.tensor([(s >> 32) & mask for s in seeds], dtype=torch.int64).to(torch.uint32).to(dev)
+    )
+    pos = torch.tensor([p & mask for p in positions], dtype=torch.int64).to(torch.uint32).to(dev)
+    out = torch.empty(r, dtype=torch.int64, device=dev)
+    if r:
+        _sample_kernel[(r,)](
+            logits,
+            temperature.float().to(dev),
+            top_k.to(torch.int32).to(dev),
+            top_p.float().to(dev),
+            seed_lo,
+            seed_hi,
+            pos,
+            out,
+            v,
+            BLOCK=BLOCK_V,
+            BISECT=_BISECT,
+        )
+    return out
+
+
+def ref_sample_tokens(logits, temperature, top_k, top_p, seeds, positions) -> torch.Tensor:
+    """The sorting reference: lanes.sampling.sample_row for each row."""
+    from lanes.sampling import SamplingParams, sample_row
+
+    out = []
+    for i in range(logits.shape[0]):
+        p = SamplingParams(
+            temperature=float(temperature[i]),
+            top_k=int(top_k[i]),
+            top_p=float(top_p[i]),
+            seed=seeds[i],
+        )
+        out.append(sample_row(logits[i], p, positions[i], seeds[i])[0])
+    return torch.tensor(out, dtype=torch.int64)

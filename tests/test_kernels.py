@@ -1,0 +1,98 @@
+"""Every registered kernel against its reference, and batch invariance bitwise. On the CPU these
+run under TRITON_INTERPRET=1 (set in conftest before Triton is imported)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import attention, matmul
+from kernels.registry import REGISTRY, attention_case
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _close(out, ref, rtol, atol):
+    if isinstance(out, tuple):
+        for o, r in zip(out, ref, strict=True):
+            _close(o, r, rtol, atol)
+        return
+    if out.dtype in (torch.int64, torch.int32):
+        assert torch.equal(out.cpu(), ref.cpu())
+    else:
+        torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("spec", REGISTRY, ids=[s.name for s in REGISTRY])
+def test_kernel_matches_reference(spec):
+    gen = torch.Generator().manual_seed(0)
+    for dtype in spec.dtypes:
+        rtol, atol = spec.tolerance[dtype]
+        for case in spec.cases(dtype, DEVICE, gen):
+            _close(spec.run(*case), spec.ref(*case), rtol, atol)
+
+
+def test_registry_is_complete():
+    import kernels
+
+    names = {s.name for s in REGISTRY}
+    assert names == {
+        "matmul",
+        "add_rms_norm",
+        "rope",
+        "kv_write",
+        "paged_attention",
+        "sample_tokens",
+    }
+    assert all(
+        s.batch_invariant and s.ref.__name__.startswith(("ref_", "_kv_ref")) for s in REGISTRY
+    )
+    assert kernels.__doc__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_rows_do_not_depend_on_m(dtype):
+    gen = torch.Generator().manual_seed(1)
+    k, n = 256, 192  # split-K 4 for this shape: the parallel-segment path and the one-program path
+    assert matmul.split_for(n, k) > 1
+    w = (torch.randn((n, k), generator=gen) * k**-0.5).to(DEVICE, dtype)
+    bias = torch.randn((n,), generator=gen).to(DEVICE, dtype)
+    x = torch.randn((128, k), generator=gen).to(DEVICE, dtype)
+    row = x[5:6]
+    alone = matmul.matmul(row, w, bias)
+    for m in (37, 128):
+        batch = torch.cat([x[:5], row, x[6:m]]) if m > 6 else None
+        assert torch.equal(matmul.matmul(batch, w, bias)[5:6], alone), m
+
+
+def _chunks() -> tuple[int, ...]:
+    """Chunk sizes for the split test. On a GPU, any: the MMA treats every row of a tile alike.
+    The CPU interpreter's numpy matmul rounds a row differently depending on its position in the
+    tile, so there the last query is kept at the same row (chunk = 1 mod BLOCK_Q, BLOCK_Q = 32)
+    while the boundary between cached and chunk keys still moves across key tiles."""
+    return (1, 7, 64, 65, 128, 150) if DEVICE == "cuda" else (1, 33, 65, 97, 129)
+
+
+def test_attention_query_split_between_cache_and_chunk():
+    """One lane's last query gets the same bits whether its keys were all in the cache (decode)
+    or partly in the same chunk, for several chunk boundaries."""
+    gen = torch.Generator().manual_seed(2)
+    ctx = 150
+    q, k_cache, v_cache, seqs = attention_case(torch.float32, DEVICE, gen, [(ctx, ctx)], 4, 2, 32)
+    _, _, _, slots = seqs[0]
+    outs = []
+    for chunk in _chunks():  # the last `chunk` queries computed together
+        first = ctx - chunk
+        sub = [(0, chunk, ctx, slots)]
+        meta = attention.make_meta(sub, 2, DEVICE)
+        outs.append(attention.paged_attention(q[first:].contiguous(), k_cache, v_cache, meta)[-1])
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+    # and with other lanes in the same call
+    other_q, _, _, _ = attention_case(torch.float32, DEVICE, gen, [(3, 3)], 4, 2, 32)
+    both = [(0, 3, 3, slots[:3]), (3, 1, ctx, slots)]
+    meta = attention.make_meta(both, 2, DEVICE)
+    mixed = attention.paged_attention(
+        torch.cat([other_q, q[-1:]]).contiguous(), k_cache, v_cache, meta
+    )
+    assert torch.equal(mixed[-1], outs[0])
