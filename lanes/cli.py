@@ -120,6 +120,25 @@ class _CliError(Exception):
     pass
 
 
+def _kernels(args: argparse.Namespace) -> int:
+    """The kernel registry, with each kernel's last GPU check from bench/results/."""
+    from pathlib import Path
+
+    from kernels.registry import REGISTRY
+
+    results = Path(__file__).resolve().parent.parent / "bench" / "results" / "kernels-gpu.json"
+    gpu = json.loads(results.read_text()) if results.is_file() else {}
+    checked = gpu.get("kernels", {})
+    print(f"{'kernel':16} {'invariant':9} {'dtypes':26} last GPU check")
+    for spec in REGISTRY:
+        dtypes = ",".join(str(d).removeprefix("torch.") for d in spec.dtypes)
+        last = checked.get(spec.name)
+        when = f"{gpu['date']} {gpu['gpu']}: {last['result']}" if last else "never"
+        print(f"{spec.name:16} {'yes' if spec.batch_invariant else 'no':9} {dtypes:26} {when}")
+        print(f"{'':16} {spec.limits}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lanes", description="exact speculative LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
     gen.add_argument("--json", action="store_true", help="print token ids and text as JSON")
     gen.set_defaults(run=_generate)
+
+    kern = sub.add_parser("kernels", help="list the Triton kernels and their last GPU check")
+    kern.set_defaults(run=_kernels)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")

@@ -96,3 +96,24 @@ def test_attention_query_split_between_cache_and_chunk():
         torch.cat([other_q, q[-1:]]).contiguous(), k_cache, v_cache, meta
     )
     assert torch.equal(mixed[-1], outs[0])
+
+
+def test_engine_on_triton_kernels_matches_transformers(tiny_models):
+    """The whole decoder on the Triton ops (interpreted on the CPU): greedy tokens equal
+    transformers', and a lane's output is the same alone and batched."""
+    from lanes import Engine, EngineConfig, SamplingParams
+
+    path, hf = tiny_models["qwen2"]
+    engine = Engine(str(path), EngineConfig(kernels="triton", device=DEVICE))
+    assert engine.ops.name == "triton"
+    ids = engine.tokenizer.encode("The quick brown fox jumps over")
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    (out,) = engine.generate([ids], params)
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)[
+            0, len(ids) :
+        ]
+    assert out.token_ids == ref.tolist()
+    batched = engine.generate([ids[:3], ids, ids[:5]], params)[1]
+    assert batched.token_ids == out.token_ids

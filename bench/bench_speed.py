@@ -1,0 +1,119 @@
+"""Engine speed on random-weight models of real shapes: batch-1 decode and long-prompt prefill,
+exact mode (Triton kernels) against fast mode (cuBLAS + SDPA), alternating, medians.
+
+    python -m bench.bench_speed [--device cuda] [--repeats 3] [--skip-32k]
+
+Writes bench/results/speed-<device>.json; bench/RESULTS.md quotes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint
+from lanes import Engine, EngineConfig, SamplingParams
+
+
+def weight_bytes(engine: Engine) -> int:
+    """Weight bytes one decode step reads: every layer, the final norm and the LM head (the
+    embedding table only where it is the LM head)."""
+    w = engine.runner.decoder.weights
+    tensors = [w.norm, w.lm_head] + [
+        t for layer in w.layers for t in vars(layer).values() if t is not None
+    ]
+    unique = {t.data_ptr(): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def decode_tok_s(engine: Engine, vocab: int, new_tokens: int, seed: int) -> float:
+    prompt = [(seed * 7919 + i * 104729) % vocab for i in range(128)]
+    (out,) = engine.generate(
+        [prompt], SamplingParams(max_tokens=new_tokens, ignore_eos=True), cache_salt=f"d{seed}"
+    )
+    t = out.token_times
+    return (len(t) - 1) / (t[-1] - t[0])
+
+
+def prefill_s(engine: Engine, vocab: int, length: int, seed: int) -> float:
+    prompt = [(seed * 7919 + i * 104729) % vocab for i in range(length)]
+    (out,) = engine.generate(
+        [prompt], SamplingParams(max_tokens=1, ignore_eos=True), cache_salt=f"p{seed}"
+    )
+    return out.ttft
+
+
+def alternate(engines: dict, fn, repeats: int) -> dict:
+    runs = {m: [] for m in engines}
+    for i in range(repeats + 1):  # round 0 warms up (Triton compiles, allocator grows)
+        for mode, engine in engines.items():
+            value = fn(engine, i)
+            if i:
+                runs[mode].append(value)
+    return {m: {"median": statistics.median(v), "runs": v} for m, v in runs.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--skip-32k", action="store_true")
+    args = ap.parse_args()
+    report = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+    }
+
+    for name, config, prefills in (
+        ("smollm2-135m", SMOLLM2_135M, []),
+        ("llama-3.1-8b", LLAMA_31_8B, [8192] + ([] if args.skip_32k else [32768])),
+    ):
+        ckpt = random_checkpoint(config, args.device)
+        base = dict(
+            device=args.device,
+            kv_cache_bytes=12 * 2**30,
+            prompt_cache_bytes=0,
+            prefill_chunk=32768,
+            max_tokens_per_round=32768,
+        )
+        engines = {
+            m: Engine(checkpoint=ckpt, config=EngineConfig(exact=m == "exact", **base))
+            for m in ("exact", "fast")
+        }
+        nbytes = weight_bytes(engines["exact"])
+        dec = alternate(
+            engines,
+            lambda e, i, v=config.vocab_size: decode_tok_s(e, v, args.new_tokens, i),
+            args.repeats,
+        )
+        for m in dec:
+            dec[m]["weight_GB_per_s"] = dec[m]["median"] * nbytes / 1e9
+        entry = {
+            "dtype": "bfloat16",
+            "batch": 1,
+            "prompt_tokens": 128,
+            "new_tokens": args.new_tokens,
+            "weight_bytes": nbytes,
+            "decode_tok_s": dec,
+        }
+        for length in prefills:
+            entry[f"prefill_{length}_s"] = alternate(
+                engines,
+                lambda e, i, n=length, v=config.vocab_size: prefill_s(e, v, n, 100 + i),
+                args.repeats,
+            )
+        report[name] = entry
+        print(name, json.dumps(entry, indent=1), flush=True)
+        del engines
+        torch.cuda.empty_cache()
+    out = Path(__file__).parent / "results" / f"speed-{args.device}.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The exactness harness: lanes' three equalities, bitwise on token ids, on a random-weight model
+of a real shape.
+
+    python bench/exactness.py --shape llama-3.1-8b --device cuda [--requests 32] [--max-prompt 8192]
+
+For each mode (exact, fast) and sampling (greedy, seeded): every request is first run alone
+(the reference), then
+- concurrent == solo: the same requests with at most 8, then 32, in flight;
+- drafted == draft: false: every request with the replay drafter (acceptance 0.5, k <= 4);
+- resumed == fresh: the longest requests cancelled twice mid-prefill, then retried.
+Each run uses its own cache salt, so a prompt-cache hit happens only where it is meant to.
+Counts mismatching requests and writes bench/results/exactness-<shape>-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from bench.shapes import SHAPES, random_checkpoint
+from drafter.replay import ReplayProposer
+from lanes import Engine, EngineConfig, SamplingParams
+
+SAMPLINGS = {
+    "greedy": SamplingParams(max_tokens=16, ignore_eos=True),
+    "seeded": SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.7, top_p=0.9, seed=1234),
+}
+
+
+def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str) -> list[list[int]]:
+    """All prompts, at most `limit` in flight; returns token ids in prompt order."""
+    out: dict[int, list[int]] = {}
+    ids: list[int] = []
+    queue = list(enumerate(prompts))
+    in_flight = 0
+    index_of: dict[int, int] = {}
+    while queue or in_flight:
+        while queue and in_flight < limit:
+            i, p = queue.pop(0)
+            rid = engine.add_request(p, params, cache_salt=salt)
+            index_of[rid] = i
+            ids.append(rid)
+            in_flight += 1
+        for c in engine.step():
+            out[index_of[c.request_id]] = c.token_ids
+            in_flight -= 1
+    return [out[i] for i in range(len(prompts))]
+
+
+def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[list[int], int]:
+    """Cancel at a third and at two thirds of the prompt, then run to the end; returns the
+    output and the tokens the retry found in the prompt cache."""
+    for fraction in (1 / 3, 2 / 3):
+        rid = engine.add_request(prompt, params, cache_salt=salt)
+        target = int(len(prompt) * fraction)
+
+        def check(r, rid=rid, target=target):
+            lane = next((x for x in engine.running if x.request_id == r), None)
+            return r == rid and lane is not None and lane.num_computed >= target
+
+        engine.cancel_check = check
+        try:
+            while not any(c.request_id == rid for c in engine.step()):
+                pass
+        finally:
+            engine.cancel_check = None
+    (out,) = engine.generate([prompt], params, cache_salt=salt)
+    return out.token_ids, out.cached_tokens
+
+
+def mismatches(got: list[list[int]], want: list[list[int]]) -> list[int]:
+    return [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-prompt", type=int, default=8192)
+    ap.add_argument("--modes", default="exact,fast")
+    ap.add_argument("--kv-gib", type=float, default=40.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    config = SHAPES[args.shape]
+    ckpt = random_checkpoint(config, args.device)
+    rng = random.Random(0)
+    lengths = sorted(
+        {
+            round(math.exp(x))
+            for x in [
+                math.log(16) + i * (math.log(args.max_prompt) - math.log(16)) / (args.requests - 1)
+                for i in range(args.requests)
+            ]
+        }
+    )
+    while len(lengths) < args.requests:
+        lengths.append(rng.randint(16, args.max_prompt))
+    prompts = [
+        [rng.randrange(config.vocab_size) for _ in range(n)] for n in lengths[: args.requests]
+    ]
+    report = {
+        "shape": args.shape,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "requests": len(prompts),
+        "prompt_lengths": [len(p) for p in prompts],
+        "new_tokens": 16,
+        "modes": {},
+    }
+    for mode in args.modes.split(","):
+        cfg = EngineConfig(
+            device=args.device,
+            exact=mode == "exact",
+            kv_cache_bytes=int(args.kv_gib * 2**30),
+            prompt_cache_bytes=int(args.kv_gib * 2**30 / 2),
+            max_lanes=32,
+            max_tokens_per_round=8192,
+            prefill_chunk=512,
+            num_draft_tokens=4,
+        )
+        engine = Engine(checkpoint=ckpt, config=cfg)
+        results = {}
+        for name, params in SAMPLINGS.items():
+            t0 = time.perf_counter()
+            solo = run_with_concurrency(engine, prompts, params, 1, f"{mode}-{name}-solo")
+            checks = {}
+            for limit in (8, 32):
+                got = run_with_concurrency(
+                    engine, prompts, params, limit, f"{mode}-{name}-c{limit}"
+                )
+                checks[f"concurrent{limit}_vs_solo"] = mismatches(got, solo)
+            records = {tuple(p): s for p, s in zip(prompts, solo, strict=True)}
+            engine.proposer = ReplayProposer(records, 0.5, config.vocab_size)
+            try:
+                got = run_with_concurrency(engine, prompts, params, 8, f"{mode}-{name}-draft")
+            finally:
+                engine.proposer = None
+            checks["drafted_vs_undrafted"] = mismatches(got, solo)
+            longest = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[:8]
+            resumed = [
+                run_resumed(engine, prompts[i], params, f"{mode}-{name}-resume") for i in longest
+            ]
+            bad = mismatches([r[0] for r in resumed], [solo[i] for i in longest])
+            checks["resumed_vs_fresh"] = [longest[i] for i in bad]
+            engine.check_integrity()
+            results[name] = {
+                "mismatching_requests": {k: len(v) for k, v in checks.items()},
+                "which": checks,
+                "checked": {k: (8 if k == "resumed_vs_fresh" else len(prompts)) for k in checks},
+                "resumed_cached_tokens": {
+                    len(prompts[i]): r[1] for i, r in zip(longest, resumed, strict=True)
+                },
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+            print(
+                mode,
+                name,
+                results[name]["mismatching_requests"],
+                f"{results[name]['seconds']}s",
+                flush=True,
+            )
+        report["modes"][mode] = results
+        del engine
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    out = Path(
+        args.out or Path(__file__).parent / "results" / f"exactness-{args.shape}-{args.device}.json"
+    )
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

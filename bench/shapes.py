@@ -1,0 +1,121 @@
+"""Random-weight checkpoints of real model shapes, built on the device (no download, no disk):
+for GPU benchmarks and the exactness harness, where real weights cannot be carried."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+from lanes.config import ModelConfig, RopeScaling
+from lanes.models.checkpoint import Checkpoint
+from lanes.models.weights import expected_shapes
+from lanes.tokenizer import Tokenizer
+
+LLAMA_31_8B = ModelConfig(
+    family="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+    rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
+    eos_token_ids=(),
+)
+LLAMA_32_1B = ModelConfig(
+    family="llama",
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_layers=16,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    tie_word_embeddings=True,
+    rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192),
+    eos_token_ids=(),
+)
+SMOLLM2_135M = ModelConfig(
+    family="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+    eos_token_ids=(),
+)
+TINY = ModelConfig(
+    family="llama",
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+    eos_token_ids=(),
+)
+SHAPES = {
+    "llama-3.1-8b": LLAMA_31_8B,
+    "llama-3.2-1b": LLAMA_32_1B,
+    "smollm2-135m": SMOLLM2_135M,
+    "tiny": TINY,
+}
+
+
+def id_tokenizer(vocab_size: int) -> Tokenizer:
+    """A word-level tokenizer whose token i is the text `<i>`: enough to decode any id."""
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tk = HFTokenizer(models.WordLevel(vocab=vocab, unk_token="<0>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return Tokenizer(tk, chat_template=None, bos_token=None, eos_token=None, eos_token_ids=set())
+
+
+def random_checkpoint(
+    config: ModelConfig, device: str, seed: int = 0, tokenizer: Tokenizer | None = None
+) -> Checkpoint:
+    """Weights drawn on `device`: N(0, 0.02) matrices (the usual init), unit norm weights."""
+    shapes = expected_shapes(config)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def load(name: str) -> torch.Tensor:
+        shape = shapes[name]
+        if name.endswith("norm.weight"):
+            return torch.ones(shape, device=device)
+        return (
+            torch.randn(
+                shape,
+                generator=gen,
+                device=device,
+                dtype=torch.bfloat16 if device != "cpu" else torch.float32,
+            )
+            * 0.02
+        )
+
+    return Checkpoint(
+        config=config,
+        shapes=shapes,
+        load=load,
+        tokenizer=tokenizer or id_tokenizer(config.vocab_size),
+        source=f"random {device}",
+        fingerprint=f"random-{seed}-{config.hidden_size}x{config.num_layers}",
+    )
