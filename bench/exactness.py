@@ -114,6 +114,9 @@ def main() -> None:
         "new_tokens": 16,
         "modes": {},
     }
+    out = Path(
+        args.out or Path(__file__).parent / "results" / f"exactness-{args.shape}-{args.device}.json"
+    )
     for mode in args.modes.split(","):
         cfg = EngineConfig(
             device=args.device,
