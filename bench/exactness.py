@@ -169,14 +169,11 @@ def main() -> None:
                 f"{results[name]['seconds']}s",
                 flush=True,
             )
-        report["modes"][mode] = results
+            report["modes"][mode] = results
+            out.write_text(json.dumps(report, indent=2) + "\n")  # partial results survive a timeout
         del engine
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    out = Path(
-        args.out or Path(__file__).parent / "results" / f"exactness-{args.shape}-{args.device}.json"
-    )
-    out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
