@@ -144,14 +144,20 @@ def _paged_attention_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_R, BLOCK_N]
+        if UPCAST:  # fp32: a true fp32 product, no TF32
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
         visible = (kp[None, :] <= q_pos[:, None]) & in_ctx[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     out = acc / denom[:, None]
     tl.store(

@@ -78,10 +78,12 @@ def _matmul_kernel(
             b = tl.load(
                 w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
             )
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, tl.trans(b), acc)
+            if UPCAST:  # fp32 models and the CPU interpreter: a true fp32 product, no TF32
+                acc = tl.dot(
+                    a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee"
+                )
+            else:
+                acc = tl.dot(a, tl.trans(b), acc)
         total += acc
     mask = mask_m[:, None] & mask_n[None, :]
     if PARTIAL:
