@@ -87,13 +87,20 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """The fast baseline: PyTorch SDPA per lane over its gathered context. Not batch-invariant."""
     out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
     for seq in batch.seqs:
         rows = slice(seq.query_start, seq.query_start + seq.num_queries)
-        k = k_cache[seq.kv_slots].transpose(0, 1)  # [num_kv_heads, context_len, head_dim]
-        v = v_cache[seq.kv_slots].transpose(0, 1)
+        # [num_heads, context_len, head_dim]: KV heads repeated, so SDPA can pick a fused kernel
+        k = k_cache[seq.kv_slots].repeat_interleave(group, dim=1).transpose(0, 1)
+        v = v_cache[seq.kv_slots].repeat_interleave(group, dim=1).transpose(0, 1)
         qs = q[rows].transpose(0, 1)  # [num_heads, num_queries, head_dim]
-        q_pos = torch.arange(seq.num_queries, device=q.device) + seq.first_position
-        mask = torch.arange(seq.context_len, device=q.device).view(1, -1) <= q_pos.view(-1, 1)
-        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True)
+        if seq.num_queries == 1:  # decode: every key is visible
+            o = F.scaled_dot_product_attention(qs, k, v)
+        elif seq.num_queries == seq.context_len:  # a prompt from its start
+            o = F.scaled_dot_product_attention(qs, k, v, is_causal=True)
+        else:
+            q_pos = torch.arange(seq.num_queries, device=q.device) + seq.first_position
+            mask = torch.arange(seq.context_len, device=q.device).view(1, -1) <= q_pos.view(-1, 1)
+            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask)
         out[rows] = o.transpose(0, 1)
     return out
