@@ -158,6 +158,7 @@ class EngineConfig:
     prompt_cache_bytes: int = 256 * 2**20  # at most this much KV is kept for prefix reuse
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
     kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
+    cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"

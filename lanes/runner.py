@@ -13,10 +13,11 @@ from lanes.rounds import Step
 
 
 class ModelRunner:
-    def __init__(self, decoder: Decoder, kv: KVPool, device: str) -> None:
+    def __init__(self, decoder: Decoder, kv: KVPool, device: str, graphs=None) -> None:
         self.decoder = decoder
         self.kv = kv
         self.device = device
+        self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
 
     def build_batch(self, steps: Sequence[Step], all_logits: bool = False) -> ForwardBatch:
         """Every step's tokens, one after another; logits rows: each step's trailing
@@ -56,4 +57,6 @@ class ModelRunner:
 
     def execute(self, steps: Sequence[Step], all_logits: bool = False) -> torch.Tensor:
         """One forward over the steps; returns logits [num_logits_rows, vocab] in step order."""
+        if self.graphs is not None and not all_logits and self.graphs.supports(steps):
+            return self.graphs.run(steps)
         return self.decoder.forward(self.build_batch(steps, all_logits), self.kv)

@@ -18,6 +18,8 @@ class TritonOps(Ops):
     is_batch_invariant = True
 
     def prepare(self, batch: ForwardBatch) -> ForwardBatch:
+        if batch.attn_meta is not None:  # static layout of a CUDA graph
+            return batch
         return dataclasses.replace(batch, attn_meta={})  # filled per GQA group on first use
 
     def linear(self, x, weight, bias=None):

@@ -1,0 +1,139 @@
+"""CUDA graphs for decode and verify forwards: the whole target forward, replayed as one graph.
+
+A graph is captured per (lanes, tokens per lane) bucket: lanes padded up to 1, 2, 4, 8, 16, 32
+or 64, each lane carrying T = 1 + drafts tokens (T <= 16). Inputs live in static buffers that
+each replay refills. Padding lanes write their K/V to a scratch slot outside the block pool and
+their rows are dropped; batch invariance makes padding invisible to the real lanes, so a graphed
+round gives the same bits as an eager one.
+
+Static attention layout (kernels.attention.AttentionMeta), lane i of a bucket:
+
+    rows   [i*T, (i+1)*T)          one query tile per lane
+    slots  kv_slots[i*C : i*C + ctx_len[i]]     C = the longest context a lane can have
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.attention import AttentionMeta, block_q_for
+from lanes.batch import ForwardBatch
+from lanes.models.decoder import Decoder
+from lanes.rounds import Step
+
+LANE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_TOKENS_PER_LANE = 16
+
+
+class _Graph:
+    def __init__(self, lanes: int, tokens: int, max_ctx: int, group: int, device) -> None:
+        n = lanes * tokens
+        i64 = dict(dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        self.lanes, self.tokens, self.max_ctx = lanes, tokens, max_ctx
+        self.input_ids = torch.zeros(n, **i64)
+        self.positions = torch.zeros(n, **i64)
+        self.slot_mapping = torch.zeros(n, **i64)
+        self.first_pos = torch.zeros(lanes, **i32)
+        self.ctx_len = torch.ones(lanes, **i32)
+        self.kv_slots = torch.zeros(lanes * max_ctx, **i64)
+        meta = AttentionMeta(
+            tile_seq=torch.arange(lanes, **i32),
+            tile_q0=torch.zeros(lanes, **i32),
+            q_start=torch.arange(lanes, **i32) * tokens,
+            num_q=torch.full((lanes,), tokens, **i32),
+            first_pos=self.first_pos,
+            ctx_len=self.ctx_len,
+            kv_off=torch.arange(lanes, **i64) * max_ctx,
+            kv_slots=self.kv_slots,
+            block_q=block_q_for(group),
+        )
+        self.batch = ForwardBatch(
+            input_ids=self.input_ids,
+            positions=self.positions,
+            slot_mapping=self.slot_mapping,
+            seqs=(),
+            logits_indices=torch.arange(n, **i64),
+            attn_meta={group: meta},
+        )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+
+class DecodeGraphs:
+    def __init__(self, decoder: Decoder, kv, scratch_slot: int, max_ctx: int) -> None:
+        self.decoder = decoder
+        self.kv = kv
+        self.scratch_slot = scratch_slot
+        self.max_ctx = max_ctx
+        self.group = decoder.cfg.num_heads // decoder.cfg.num_kv_heads
+        self.device = decoder.weights.embed.device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.num_replays = 0
+
+    def supports(self, steps: Sequence[Step]) -> bool:
+        """Decode/verify steps only (every row yields logits), one token count for all lanes."""
+        if not steps or len(steps) > LANE_BUCKETS[-1]:
+            return False
+        tokens = steps[0].num_tokens
+        return tokens <= MAX_TOKENS_PER_LANE and all(
+            s.num_tokens == tokens and s.num_logits == tokens and s.end <= self.max_ctx
+            for s in steps
+        )
+
+    def run(self, steps: Sequence[Step]) -> torch.Tensor:
+        tokens = steps[0].num_tokens
+        lanes = next(b for b in LANE_BUCKETS if b >= len(steps))
+        g = self.graphs.get((lanes, tokens))
+        if g is None:
+            g = self.graphs[(lanes, tokens)] = self._capture(lanes, tokens)
+        self._fill(g, steps)
+        g.graph.replay()
+        self.num_replays += 1
+        return g.logits[: len(steps) * tokens].clone()
+
+    def _fill(self, g: _Graph, steps: Sequence[Step]) -> None:
+        t, c = g.tokens, g.max_ctx
+        ids, pos, slots, first, ctx = [], [], [], [], []
+        kv_slots = torch.full((g.lanes, c), self.scratch_slot, dtype=torch.int64)
+        for i in range(g.lanes):
+            if i < len(steps):
+                s = steps[i]
+                table = s.lane.block_table.slots(0, s.end)
+                ids += s.token_ids()
+                pos += list(range(s.start, s.end))
+                slots += table[s.start :]
+                first.append(s.start)
+                ctx.append(s.end)
+                kv_slots[i, : s.end] = torch.tensor(table)
+            else:  # padding lane: positions 0..T-1, every K/V in the scratch slot
+                ids += [0] * t
+                pos += list(range(t))
+                slots += [self.scratch_slot] * t
+                first.append(0)
+                ctx.append(t)
+        g.input_ids.copy_(torch.tensor(ids), non_blocking=True)
+        g.positions.copy_(torch.tensor(pos), non_blocking=True)
+        g.slot_mapping.copy_(torch.tensor(slots), non_blocking=True)
+        g.first_pos.copy_(torch.tensor(first, dtype=torch.int32), non_blocking=True)
+        g.ctx_len.copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
+        g.kv_slots.copy_(kv_slots.view(-1), non_blocking=True)
+
+    def _capture(self, lanes: int, tokens: int) -> _Graph:
+        g = _Graph(lanes, tokens, self.max_ctx, self.group, self.device)
+        g.slot_mapping.fill_(self.scratch_slot)
+        g.kv_slots.fill_(self.scratch_slot)
+        g.ctx_len.fill_(tokens)
+        g.positions.copy_(torch.arange(tokens, device=self.device).repeat(lanes))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up: Triton compiles, the allocator settles
+            self.decoder.forward(g.batch, self.kv)
+        torch.cuda.current_stream().wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self.pool):
+            g.logits = self.decoder.forward(g.batch, self.kv)
+        return g
