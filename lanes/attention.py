@@ -90,10 +90,11 @@ def sdpa_attention(
     group = q.shape[1] // k_cache.shape[1]
     for seq in batch.seqs:
         rows = slice(seq.query_start, seq.query_start + seq.num_queries)
-        # [num_heads, context_len, head_dim]: KV heads repeated, so SDPA can pick a fused kernel
-        k = k_cache[seq.kv_slots].repeat_interleave(group, dim=1).transpose(0, 1)
-        v = v_cache[seq.kv_slots].repeat_interleave(group, dim=1).transpose(0, 1)
-        qs = q[rows].transpose(0, 1)  # [num_heads, num_queries, head_dim]
+        # [1, num_heads, context_len, head_dim], contiguous, KV heads repeated: the layout the
+        # fused SDPA kernels take (otherwise SDPA falls back to materialising the scores)
+        k = k_cache[seq.kv_slots].repeat_interleave(group, dim=1).transpose(0, 1)[None].contiguous()
+        v = v_cache[seq.kv_slots].repeat_interleave(group, dim=1).transpose(0, 1)[None].contiguous()
+        qs = q[rows].transpose(0, 1)[None].contiguous()  # [1, num_heads, num_queries, head_dim]
         if seq.num_queries == 1:  # decode: every key is visible
             o = F.scaled_dot_product_attention(qs, k, v)
         elif seq.num_queries == seq.context_len:  # a prompt from its start
@@ -102,5 +103,5 @@ def sdpa_attention(
             q_pos = torch.arange(seq.num_queries, device=q.device) + seq.first_position
             mask = torch.arange(seq.context_len, device=q.device).view(1, -1) <= q_pos.view(-1, 1)
             o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask)
-        out[rows] = o.transpose(0, 1)
+        out[rows] = o[0].transpose(0, 1)
     return out
