@@ -89,10 +89,17 @@ class Engine:
         num_blocks = max(1, cfg.kv_cache_bytes // per_block)
         self.pool = BlockPool(num_blocks)
         self.cache = PromptCache(self.pool, ckpt.fingerprint, cfg.prompt_cache_bytes // per_block)
+        # One block more than the pool hands out: the scratch block of CUDA-graph padding lanes.
         kv = KVPool(
-            mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.device
+            mc.num_layers, num_blocks + 1, bs, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.device
         )
-        self.runner = ModelRunner(decoder, kv, cfg.device)
+        graphs = None
+        if cfg.cuda_graphs and cfg.device.startswith("cuda") and self.ops.name == "triton":
+            from lanes.graphs import DecodeGraphs
+
+            max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
+            graphs = DecodeGraphs(decoder, kv, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
+        self.runner = ModelRunner(decoder, kv, cfg.device, graphs)
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
