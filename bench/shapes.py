@@ -3,6 +3,8 @@ for GPU benchmarks and the exactness harness, where real weights cannot be carri
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
@@ -95,9 +97,10 @@ def random_checkpoint(
 ) -> Checkpoint:
     """Weights drawn on `device`: N(0, 0.02) matrices (the usual init), unit norm weights."""
     shapes = expected_shapes(config)
-    gen = torch.Generator(device=device).manual_seed(seed)
 
     def load(name: str) -> torch.Tensor:
+        # seeded by name: every engine built from this checkpoint gets the same weights
+        gen = torch.Generator(device=device).manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
         shape = shapes[name]
         if name.endswith("norm.weight"):
             return torch.ones(shape, device=device)

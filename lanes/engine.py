@@ -221,7 +221,7 @@ class Engine:
         logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
         ended = []
         row = 0
-        now = self.clock()
+        now = None
         for s in steps:
             lane = s.lane
             if not s.samples:
@@ -238,6 +238,8 @@ class Engine:
                 s.end - s.num_logits + 1,
             )
             lane.num_sampling_steps += 1
+            # the first token read back synchronises with the device: stamp times after it
+            now = now if now is not None else self.clock()
             if s.draft_ids:
                 record_verify(lane, len(s.draft_ids), len(emitted) - 1)
             lane.state = LaneState.DECODE
