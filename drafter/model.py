@@ -15,7 +15,7 @@ from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.ops import make_ops
 from lanes.rounds import Step
-from lanes.runner import ModelRunner
+from lanes.runner import build_runner
 from lanes.sampling import sample_row
 from lanes.tokenizer import Tokenizer
 
@@ -63,10 +63,7 @@ class ModelDrafter(Proposer):
         per_block = KVPool.bytes_per_block(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
         num_blocks = max(1, config.draft_kv_cache_bytes // per_block)
         self.pool = BlockPool(num_blocks)
-        kv = KVPool(
-            mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device
-        )
-        self.runner = ModelRunner(decoder, kv, config.device)
+        self.runner = build_runner(decoder, num_blocks, config, dtype)
         self.ops = decoder.ops
         self.shadows: dict[int, _Shadow] = {}
 

@@ -27,7 +27,7 @@ from lanes.metrics import EngineMetrics, RoundRecord
 from lanes.models import Checkpoint, build_decoder, open_checkpoint
 from lanes.ops import make_ops
 from lanes.rounds import LaneRound, Step, plan_round
-from lanes.runner import ModelRunner
+from lanes.runner import build_runner
 from lanes.sampling import SamplingParams
 from lanes.share import ShareAllocator
 from lanes.speculation import choose_num_drafts, record_verify, verify
@@ -89,17 +89,7 @@ class Engine:
         num_blocks = max(1, cfg.kv_cache_bytes // per_block)
         self.pool = BlockPool(num_blocks)
         self.cache = PromptCache(self.pool, ckpt.fingerprint, cfg.prompt_cache_bytes // per_block)
-        # One block more than the pool hands out: the scratch block of CUDA-graph padding lanes.
-        kv = KVPool(
-            mc.num_layers, num_blocks + 1, bs, mc.num_kv_heads, mc.head_dim, self.dtype, cfg.device
-        )
-        graphs = None
-        if cfg.cuda_graphs and cfg.device.startswith("cuda") and self.ops.name == "triton":
-            from lanes.graphs import DecodeGraphs
-
-            max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
-            graphs = DecodeGraphs(decoder, kv, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
-        self.runner = ModelRunner(decoder, kv, cfg.device, graphs)
+        self.runner = build_runner(decoder, num_blocks, cfg, self.dtype)
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)

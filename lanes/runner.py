@@ -60,3 +60,22 @@ class ModelRunner:
         if self.graphs is not None and not all_logits and self.graphs.supports(steps):
             return self.graphs.run(steps)
         return self.decoder.forward(self.build_batch(steps, all_logits), self.kv)
+
+
+def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) -> ModelRunner:
+    """A runner with its KV pool and, on CUDA with Triton ops, CUDA graphs for decode.
+
+    The pool holds one block more than the block pool hands out: the scratch block that
+    CUDA-graph padding lanes write to.
+    """
+    mc, bs = decoder.cfg, config.block_size
+    kv = KVPool(
+        mc.num_layers, num_blocks + 1, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device
+    )
+    graphs = None
+    if config.cuda_graphs and config.device.startswith("cuda") and decoder.ops.name == "triton":
+        from lanes.graphs import DecodeGraphs
+
+        max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
+        graphs = DecodeGraphs(decoder, kv, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
+    return ModelRunner(decoder, kv, config.device, graphs)
