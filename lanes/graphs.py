@@ -98,7 +98,7 @@ class DecodeGraphs:
     def _fill(self, g: _Graph, steps: Sequence[Step]) -> None:
         t, c = g.tokens, g.max_ctx
         ids, pos, slots, first, ctx = [], [], [], [], []
-        kv_slots = torch.full((g.lanes, c), self.scratch_slot, dtype=torch.int64)
+        where, what = [], []  # kv_slots entries to set: only each lane's live context
         for i in range(g.lanes):
             if i < len(steps):
                 s = steps[i]
@@ -108,19 +108,23 @@ class DecodeGraphs:
                 slots += table[s.start :]
                 first.append(s.start)
                 ctx.append(s.end)
-                kv_slots[i, : s.end] = torch.tensor(table)
+                where += range(i * c, i * c + s.end)
+                what += table
             else:  # padding lane: positions 0..T-1, every K/V in the scratch slot
                 ids += [0] * t
                 pos += list(range(t))
                 slots += [self.scratch_slot] * t
                 first.append(0)
                 ctx.append(t)
+                where += range(i * c, i * c + t)
+                what += [self.scratch_slot] * t
         g.input_ids.copy_(torch.tensor(ids), non_blocking=True)
         g.positions.copy_(torch.tensor(pos), non_blocking=True)
         g.slot_mapping.copy_(torch.tensor(slots), non_blocking=True)
         g.first_pos.copy_(torch.tensor(first, dtype=torch.int32), non_blocking=True)
         g.ctx_len.copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
-        g.kv_slots.copy_(kv_slots.view(-1), non_blocking=True)
+        index = torch.tensor(where, device=g.kv_slots.device)
+        g.kv_slots.index_copy_(0, index, torch.tensor(what, device=g.kv_slots.device))
 
     def _capture(self, lanes: int, tokens: int) -> _Graph:
         g = _Graph(lanes, tokens, self.max_ctx, self.group, self.device)
