@@ -129,3 +129,11 @@ def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, object]]:
 @pytest.fixture(scope="session")
 def llama_dir(tiny_models) -> Path:
     return tiny_models["llama"][0]
+
+
+@pytest.fixture(scope="session")
+def long_model_dir(tmp_path_factory) -> Path:
+    """The tiny llama with a 4K context, for prompts long enough to cancel mid-prefill."""
+    path = tmp_path_factory.mktemp("long") / "llama"
+    write_tiny_model(path, "llama", max_position_embeddings=4096)
+    return path

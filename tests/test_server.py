@@ -17,7 +17,6 @@ import uvicorn
 
 from lanes import Engine, EngineConfig
 from lanes.server import build_app
-from tests.conftest import write_tiny_model
 
 MODEL = "tiny"
 
@@ -63,14 +62,6 @@ class LiveServer:
 
     def kv(self) -> dict:
         return json.loads(self.get("/debug/kv"))
-
-
-@pytest.fixture(scope="module")
-def long_model_dir(tmp_path_factory):
-    """The tiny llama with a 4K context, for prompts long enough to disconnect mid-prefill."""
-    path = tmp_path_factory.mktemp("long") / "llama"
-    write_tiny_model(path, "llama", max_position_embeddings=4096)
-    return path
 
 
 @pytest.fixture(scope="module")
