@@ -8,20 +8,23 @@ from drafter.base import Draft, Proposer
 
 if TYPE_CHECKING:
     from lanes.config import EngineConfig
-    from lanes.tokenizer import Tokenizer
+    from lanes.models import Checkpoint
 
 __all__ = ["Draft", "Proposer", "make_proposer"]
 
 
-def make_proposer(spec: str, config: EngineConfig, target_tokenizer: Tokenizer) -> Proposer | None:
-    """`--drafter`: "none", "ngram", or a drafter model (HF directory, .gguf file, repo id)."""
+def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Proposer | None:
+    """`--drafter`: "none", "ngram", or a drafter model (HF directory, .gguf file, repo id;
+    a `lanes distill` directory takes its shared tensors from the target)."""
     if spec in ("", "none"):
         return None
     if spec == "ngram":
         from drafter.ngram import NgramProposer
 
         return NgramProposer()
-    from drafter.model import ModelDrafter
+    from drafter.model import ModelDrafter, with_shared_tensors
     from lanes.models import open_checkpoint
 
-    return ModelDrafter(open_checkpoint(spec), target_tokenizer, config)
+    return ModelDrafter(
+        with_shared_tensors(open_checkpoint(spec), target), target.tokenizer, config
+    )

@@ -32,6 +32,30 @@ def check_same_tokenizer(drafter: Tokenizer, target: Tokenizer) -> None:
         raise ConfigError("drafter and target tokenizers have different special tokens")
 
 
+def with_shared_tensors(drafter: Checkpoint, target: Checkpoint) -> Checkpoint:
+    """A `lanes distill` drafter stores only its own tensors; the ones its drafter.json names
+    (the tied embedding) come from the target, which must have them in the same shape."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    meta = Path(drafter.source) / "drafter.json"
+    if not meta.is_file():
+        return drafter
+    shared = json.loads(meta.read_text()).get("shared_with_target", [])
+    shapes = dict(drafter.shapes)
+    for name in shared:
+        want = target.shapes.get(name)
+        if want is None:
+            raise ConfigError(f"the drafter takes {name} from the target, which has no such tensor")
+        shapes[name] = want
+
+    def load(name: str):
+        return target.load(name) if name in shared else drafter.load(name)
+
+    return dataclasses.replace(drafter, shapes=shapes, load=load)
+
+
 class _Shadow:
     """The drafter's view of a lane: the same tokens, its own blocks and progress."""
 

@@ -120,6 +120,27 @@ class _CliError(Exception):
     pass
 
 
+def _distill(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from drafter.distill import distill
+
+    report = distill(
+        args.target,
+        Path(args.out),
+        layers=tuple(int(x) for x in args.layers.split(",")),
+        num_prompts=args.prompts,
+        new_tokens=args.new_tokens,
+        steps=args.steps,
+        batch=args.batch,
+        device=args.device,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    summary = {k: v for k, v in report.items() if k != "losses"}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def _kernels(args: argparse.Namespace) -> int:
     """The kernel registry, with each kernel's last GPU check from bench/results/."""
     from pathlib import Path
@@ -162,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
     gen.add_argument("--json", action="store_true", help="print token ids and text as JSON")
     gen.set_defaults(run=_generate)
+
+    dist = sub.add_parser("distill", help="train a drafter for a target on its own outputs")
+    dist.add_argument("--target", default=None, help="target model (default: SmolLM2)")
+    dist.add_argument("--out", required=True, help="directory for the drafter")
+    dist.add_argument("--layers", default="0,29", help="target layers the drafter starts from")
+    dist.add_argument("--prompts", type=int, default=256)
+    dist.add_argument("--new-tokens", type=int, default=64)
+    dist.add_argument("--steps", type=int, default=400)
+    dist.add_argument("--batch", type=int, default=8)
+    dist.add_argument("--device", default="cpu")
+    dist.set_defaults(run=_distill)
 
     kern = sub.add_parser("kernels", help="list the Triton kernels and their last GPU check")
     kern.set_defaults(run=_kernels)

@@ -93,7 +93,7 @@ class Engine:
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
-        self.proposer = proposer or make_proposer(cfg.drafter, cfg, self.tokenizer)
+        self.proposer = proposer or make_proposer(cfg.drafter, cfg, ckpt)
         self.waiting: list[Lane] = []
         self.running: list[Lane] = []
         # Consulted between host-managed forwards: return True to cancel that request now.
