@@ -234,6 +234,11 @@ def markdown(report: dict) -> str:
 async def run(args) -> dict:
     b = Bench(args.base_url, args.model, args.api_key, args.vocab)
     report = {"base_url": args.base_url, "model": args.model, "tiny": args.tiny}
+    out = Path(args.out)
+
+    def save() -> None:  # after every section, so a time limit keeps what was measured
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
     sections = args.sections.split(",")
     models = await b.client.models.list()
     max_len = getattr(models.data[0], "max_model_len", None) or 8192
@@ -241,27 +246,36 @@ async def run(args) -> dict:
         ladder = (
             [64, 128]
             if args.tiny
-            else [n for n in (2048, 8192, 32768, 65536, 131072) if n < max_len]
+            else [
+                n
+                for n in (2048, 8192, 32768, 65536, 131072)
+                if n < max_len and n <= args.max_prompt
+            ]
         )
         report["ttft"] = await b.ttft_ladder(ladder, 1 if args.tiny else 3)
+        save()
     if "decode" in sections:
         report["decode"] = await b.decode_ladder(
             [1, 4] if args.tiny else [1, 4, 16, 64],
             32 if args.tiny else 512,
             8 if args.tiny else 256,
         )
+        save()
     if "draft" in sections:
         report["draft"] = await b.draft_ab(
             32 if args.tiny else 256, 8 if args.tiny else 128, 2 if args.tiny else 5
         )
+        save()
     if "exact" in sections:
         report["exact"] = await b.exact_receipt(
             3 if args.tiny else 16, 24 if args.tiny else 512, 8 if args.tiny else 64
         )
+        save()
     if "cancel" in sections:
         report["cancel"] = await b.cancel_receipt(
             min(max_len - 64, 3000 if args.tiny else 32768), args.cancel_after, 8
         )
+        save()
     await b.client.close()
     return report
 
@@ -274,6 +288,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000, help="prompt token ids stay below this")
     ap.add_argument("--sections", default="ttft,decode,draft,exact,cancel")
     ap.add_argument("--cancel-after", type=float, default=1.0)
+    ap.add_argument(
+        "--max-prompt", type=int, default=2**30, help="longest prompt of the TTFT ladder"
+    )
     ap.add_argument("--tiny", action="store_true", help="small settings (CPU, tests)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "openai.json"))
     args = ap.parse_args()

@@ -3,7 +3,7 @@
 `ExactOps` (the default) is batch-invariant on the CPU: a row's result never depends on the other
 rows in the call. Row-wise ops run on fixed-size row tiles (the last one padded), so the BLAS call
 shape never changes with the number of tokens; attention reduces keys in fixed absolute-position
-tiles; sampling works one row at a time. `FastOps` is plain torch (one matmul per linear, SDPA):
+tiles. `FastOps` is plain torch (one matmul per linear, SDPA):
 the speed baseline and the negative control of the exactness tests. Triton kernels (kernels/)
 implement the same interface on the GPU.
 """
@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
-from lanes.sampling import SamplingParams, sample_row
 
 ROW_TILE = 16
 
 
 class Ops:
-    """Base: rope and sampling are the same in every mode; subclasses give the rest."""
+    """Base: rope, the residual add + norm and the KV write have plain-torch defaults;
+    subclasses give the rest. (Sampling is lanes.sampling.sample_row, one row at a time.)"""
 
     name: str
     is_batch_invariant: bool
@@ -64,15 +64,6 @@ class Ops:
         x1, x2 = xf[..., :half], xf[..., half:]
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-    def sample(
-        self, logits: torch.Tensor, rows: list[tuple[SamplingParams, int, int]]
-    ) -> list[tuple[int, torch.Tensor]]:
-        """One token per row of logits [num_rows, vocab]; rows[i] = (params, position, seed).
-
-        Returns (token, log-probabilities [vocab]) per row; one row at a time, so batch-invariant.
-        """
-        return [sample_row(logits[i], p, pos, seed) for i, (p, pos, seed) in enumerate(rows)]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

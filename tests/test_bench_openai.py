@@ -23,6 +23,7 @@ def test_bench_openai_tiny(long_model_dir, tmp_path):
             cancel_after=0.05,
             tiny=True,
             vocab=384,
+            max_prompt=2**30,
             out=str(tmp_path / "o.json"),
         )
         report = asyncio.run(bench_openai.run(args))
