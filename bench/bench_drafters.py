@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--draft-layers", type=int, default=8)
+    ap.add_argument("--distilled", default=None, help="a `lanes distill` drafter directory to add")
+    ap.add_argument("--only", default=None, help="comma-separated drafter names to run")
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
@@ -77,6 +79,14 @@ def main() -> None:
         "replay-0.5": ReplayProposer(records, 0.5, vocab),
         "replay-0.8": ReplayProposer(records, 0.8, vocab),
     }
+    if args.distilled:
+        from drafter.model import with_shared_tensors
+
+        drafters["distilled"] = ModelDrafter(
+            with_shared_tensors(open_checkpoint(args.distilled), ckpt), ckpt.tokenizer, cfg
+        )
+    if args.only:
+        drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
     results = {}
     for name, proposer in drafters.items():
         engine = Engine(checkpoint=ckpt, config=cfg, proposer=proposer)
@@ -121,7 +131,8 @@ def main() -> None:
         "num_draft_tokens": cfg.num_draft_tokens,
         "repeats": args.repeats,
     }
-    out = Path(__file__).parent / "results" / f"drafters-{args.device}.json"
+    tag = "" if not args.only else "-" + args.only.replace(",", "-")
+    out = Path(__file__).parent / "results" / f"drafters{tag}-{args.device}.json"
     out.write_text(json.dumps({"meta": meta, "drafters": results}, indent=2) + "\n")
 
 
