@@ -34,17 +34,6 @@ PROMPTS = [
 ]
 
 
-def first_layers(ckpt, num_layers):
-    def kept(name):
-        return not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
-
-    return dataclasses.replace(
-        ckpt,
-        config=dataclasses.replace(ckpt.config, num_layers=num_layers),
-        shapes={k: v for k, v in ckpt.shapes.items() if kept(k)},
-    )
-
-
 def timed(engine, chats, params):
     """Each prompt alone (batch 1), one after another; total seconds and the completions."""
     start = time.perf_counter()
@@ -74,7 +63,7 @@ def main() -> None:
     drafters = {
         "ngram": NgramProposer(),
         f"model-{args.draft_layers}-layers": ModelDrafter(
-            first_layers(ckpt, args.draft_layers), ckpt.tokenizer, cfg
+            ckpt.first_layers(args.draft_layers), ckpt.tokenizer, cfg
         ),
         "replay-0.5": ReplayProposer(records, 0.5, vocab),
         "replay-0.8": ReplayProposer(records, 0.8, vocab),

@@ -105,20 +105,6 @@ def write_tiny_model(root: Path, arch: str, seed: int = 0, **overrides):
     return model
 
 
-def truncated(ckpt, num_layers: int):
-    """A checkpoint of the target's first num_layers layers alone (a weak drafter)."""
-    import dataclasses
-
-    def kept(name: str) -> bool:
-        return not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
-
-    return dataclasses.replace(
-        ckpt,
-        config=dataclasses.replace(ckpt.config, num_layers=num_layers),
-        shapes={k: v for k, v in ckpt.shapes.items() if kept(k)},
-    )
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     """arch -> (checkpoint dir, transformers model) for every architecture."""

@@ -14,7 +14,7 @@ from drafter.ngram import NgramProposer, ngram_continuation
 from drafter.replay import ReplayProposer
 from lanes import Engine, EngineConfig, SamplingParams
 from lanes.models import open_checkpoint
-from tests.conftest import truncated, write_tiny_model
+from tests.conftest import write_tiny_model
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.7, top_p=0.9, seed=9)
@@ -48,7 +48,7 @@ def _drafters(target_dir, undrafted, mode):
     vocab = ckpt.config.vocab_size
     return {
         "self": lambda: ModelDrafter(ckpt, ckpt.tokenizer, cfg),
-        "truncated-2-layer": lambda: ModelDrafter(truncated(ckpt, 2), ckpt.tokenizer, cfg),
+        "truncated-2-layer": lambda: ModelDrafter(ckpt.first_layers(2), ckpt.tokenizer, cfg),
         "ngram": lambda: NgramProposer(min_n=1),  # random weights rarely repeat 2-grams
         "replay-0.0": lambda: ReplayProposer(records, 0.0, vocab),
         "replay-0.5": lambda: ReplayProposer(records, 0.5, vocab),
@@ -89,7 +89,7 @@ def test_drafted_equals_undrafted(target_dir, undrafted, mode, name):
 def test_mixed_rounds_each_equal_solo(target_dir, undrafted):
     ckpt = open_checkpoint(str(target_dir))
     engine = Engine(
-        str(target_dir), proposer=ModelDrafter(truncated(ckpt, 2), ckpt.tokenizer, EngineConfig())
+        str(target_dir), proposer=ModelDrafter(ckpt.first_layers(2), ckpt.tokenizer, EngineConfig())
     )
     jobs = [
         (p, dataclasses.replace(SEEDED, draft=i % 2 == 0))

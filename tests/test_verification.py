@@ -15,7 +15,6 @@ from lanes import Engine, EngineConfig, SamplingParams
 from lanes.models import open_checkpoint
 from lanes.sampling import gumbel_noise
 from lanes.speculation import verify
-from tests.conftest import truncated
 
 VOCAB = 8
 CHI2_CRITICAL_DF7_P001 = 24.322  # chi-square quantile, 7 degrees of freedom, p = 0.001
@@ -79,7 +78,9 @@ def test_no_kv_leak_through_accept_reject_cycles_and_cancellations(llama_dir):
     ckpt = open_checkpoint(str(llama_dir))
     for proposer in (
         ReplayProposer(records, 0.6, ckpt.config.vocab_size),
-        ModelDrafter(truncated(ckpt, 1), ckpt.tokenizer, EngineConfig(draft_kv_cache_bytes=2**17)),
+        ModelDrafter(
+            ckpt.first_layers(1), ckpt.tokenizer, EngineConfig(draft_kv_cache_bytes=2**17)
+        ),
     ):
         engine = Engine(
             str(llama_dir), EngineConfig(kv_cache_bytes=2**18, max_lanes=6), proposer=proposer

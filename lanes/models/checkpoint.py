@@ -21,3 +21,17 @@ class Checkpoint:
     tokenizer: Tokenizer
     source: str  # what was opened, for logs
     fingerprint: str  # identifies these exact weights (prompt-cache keys depend on it)
+
+    def first_layers(self, num_layers: int) -> Checkpoint:
+        """This checkpoint cut to its first num_layers layers (a weak drafter, for tests and
+        benchmarks): the same embedding, final norm and LM head."""
+        import dataclasses
+
+        def kept(name: str) -> bool:
+            return not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
+
+        return dataclasses.replace(
+            self,
+            config=dataclasses.replace(self.config, num_layers=num_layers),
+            shapes={k: v for k, v in self.shapes.items() if kept(k)},
+        )
