@@ -56,18 +56,14 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
     from lanes.config import EngineConfig
     from lanes.engine import Engine
-    from lanes.server import build_app
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    device = args.device or ("cuda" if _cuda() else "cpu")
     config = EngineConfig(
-        device=device,
+        device=args.device or ("cuda" if _cuda() else "cpu"),
         dtype=args.dtype,
         exact=not args.fast,
         drafter=args.drafter,
@@ -77,22 +73,45 @@ def _serve(args: argparse.Namespace) -> int:
         prompt_cache_bytes=args.prompt_cache_bytes,
         kv_cache_bytes=args.kv_cache_bytes,
     )
-    engine = Engine(args.model, config)
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
-    app = build_app(engine, name, api_key=args.api_key)
-    capacity = engine.pool.num_blocks * config.block_size
+    if args.tensor_parallel > 1:
+        import functools
+
+        from lanes.parallel import run_tensor_parallel
+
+        job = functools.partial(
+            serve_engine, host=args.host, port=args.port, name=name, api_key=args.api_key
+        )
+        run_tensor_parallel(args.tensor_parallel, args.model, config, job)
+        return 0
+    serve_engine(Engine(args.model, config), args.host, args.port, name, args.api_key)
+    return 0
+
+
+def serve_engine(engine, host: str, port: int, name: str, api_key: str | None) -> None:
+    """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
+    import logging
+
+    import uvicorn
+
+    from lanes.server import build_app
+
+    config = engine.config
+    app = build_app(engine, name, api_key=api_key)
+    tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(
-        "serving %s (%s) | drafter %s | %s on %s | %s mode | KV %d tokens (%d blocks) | http://%s:%d/v1",
+        "serving %s (%s) | drafter %s | %s on %s | %s mode | tensor parallel %d | KV %d tokens (%d blocks) | http://%s:%d/v1",
         name,
         engine.source,
         config.drafter,
         config.torch_dtype_name,
-        device,
+        config.device,
         "exact" if config.exact else "fast",
-        capacity,
+        tp,
+        engine.pool.num_blocks * config.block_size,
         engine.pool.num_blocks,
-        args.host,
-        args.port,
+        host,
+        port,
     )
     runner = app.state.runner
 
@@ -101,13 +120,9 @@ def _serve(args: argparse.Namespace) -> int:
             runner.cancel_all()
             super().handle_exit(sig, frame)
 
-    server = Server(
-        uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
-        )
-    )
-    server.run()
-    return 0
+    Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    ).run()
 
 
 def _cuda() -> bool:
@@ -210,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prompt-cache-bytes", type=int, default=256 * 2**20)
     serve.add_argument("--kv-cache-bytes", type=int, default=512 * 2**20)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--tensor-parallel", type=int, default=1, help="ranks (processes; one GPU each on CUDA)"
+    )
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     serve.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]

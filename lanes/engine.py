@@ -70,7 +70,9 @@ class Engine:
         checkpoint: Checkpoint | None = None,
         clock: Callable[[], float] = time.perf_counter,
         proposer: Proposer | None = None,
+        parallel=None,
     ) -> None:
+        """parallel: a lanes.parallel.Comm to run as one rank of a tensor-parallel group."""
         self.config = cfg = config or EngineConfig()
         ckpt = checkpoint or open_checkpoint(model)
         self.model_config = mc = ckpt.config
@@ -81,6 +83,14 @@ class Engine:
         self.dtype = getattr(torch, cfg.torch_dtype_name)
         self.ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
         decoder = build_decoder(ckpt, self.ops, self.dtype, cfg.device)
+        self.comm = parallel
+        if parallel is not None:
+            from lanes.models.decoder import Decoder
+            from lanes.parallel import shard_config, shard_weights
+
+            local = shard_config(mc, parallel.world)
+            weights = shard_weights(decoder.weights, mc, parallel.rank, parallel.world)
+            decoder = Decoder(local, weights, self.ops, parallel, parallel.rank * local.vocab_size)
         bs = cfg.block_size
         per_block = KVPool.bytes_per_block(
             mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, self.dtype
@@ -93,7 +103,8 @@ class Engine:
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
-        self.proposer = proposer or make_proposer(cfg.drafter, cfg, ckpt)
+        drafts_here = parallel is None or parallel.rank == 0  # the drafter lives on rank 0
+        self.proposer = proposer or (make_proposer(cfg.drafter, cfg, ckpt) if drafts_here else None)
         self.waiting: list[Lane] = []
         self.running: list[Lane] = []
         # Consulted between host-managed forwards: return True to cancel that request now.

@@ -18,6 +18,7 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
+        self.comm = decoder.comm  # tensor parallel: rank 0 announces each forward to the others
 
     def build_batch(self, steps: Sequence[Step], all_logits: bool = False) -> ForwardBatch:
         """Every step's tokens, one after another; logits rows: each step's trailing
@@ -59,7 +60,12 @@ class ModelRunner:
         """One forward over the steps; returns logits [num_logits_rows, vocab] in step order."""
         if self.graphs is not None and not all_logits and self.graphs.supports(steps):
             return self.graphs.run(steps)
-        return self.decoder.forward(self.build_batch(steps, all_logits), self.kv)
+        batch = self.build_batch(steps, all_logits)
+        if self.comm is not None:
+            from lanes.parallel import pack_batch
+
+            self.comm.broadcast(pack_batch(batch))
+        return self.decoder.forward(batch, self.kv)
 
 
 def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) -> ModelRunner:
@@ -73,7 +79,12 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         mc.num_layers, num_blocks + 1, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device
     )
     graphs = None
-    if config.cuda_graphs and config.device.startswith("cuda") and decoder.ops.name == "triton":
+    if (
+        config.cuda_graphs
+        and config.device.startswith("cuda")
+        and decoder.ops.name == "triton"
+        and decoder.comm is None
+    ):
         from lanes.graphs import DecodeGraphs
 
         max_ctx = min(mc.max_position_embeddings, num_blocks * bs)

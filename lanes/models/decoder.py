@@ -17,10 +17,16 @@ class Decoder:
     """Runs one forward: embeds the batch's tokens, writes their K/V into the pool, attends over
     each lane's whole context, and returns logits for the rows in `batch.logits_indices`."""
 
-    def __init__(self, cfg: ModelConfig, weights: DecoderWeights, ops: Ops) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: DecoderWeights, ops: Ops, comm=None, vocab_start: int = 0
+    ) -> None:
+        """With tensor parallelism, cfg and weights are this rank's shard and `comm` sums the
+        row-parallel outputs and gathers the vocab-parallel logits (lanes.parallel)."""
         self.cfg = cfg
         self.weights = weights
         self.ops = ops
+        self.comm = comm
+        self.vocab_start = vocab_start
         self.cos, self.sin = rope_tables(cfg, weights.embed.device)
 
     @torch.inference_mode()
@@ -29,7 +35,7 @@ class Decoder:
         batch = ops.prepare(batch)
         n, d, eps = batch.num_tokens, cfg.head_dim, cfg.rms_norm_eps
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, head_dim / 2]
-        residual = w.embed[batch.input_ids]  # [n, hidden]
+        residual = self._embed(batch.input_ids)  # [n, hidden]
         x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
             qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size]
@@ -43,10 +49,23 @@ class Decoder:
             q, k = ops.rope(q.contiguous(), cos, sin), ops.rope(k.contiguous(), cos, sin)
             ops.write_kv(kv.k[i], kv.v[i], batch.slot_mapping, k, v.contiguous())
             attn = ops.attention(q, kv.k[i], kv.v[i], batch)  # [n, num_heads, head_dim]
-            o = ops.linear(attn.reshape(n, cfg.q_size), layer.o)
+            o = self._reduce(ops.linear(attn.reshape(n, cfg.q_size), layer.o))
             residual, x = ops.add_rms_norm(o, residual, layer.post_norm, eps)
             gate, up = ops.linear(x, layer.gate_up).chunk(2, dim=-1)
-            down = ops.linear(F.silu(gate) * up, layer.down)
+            down = self._reduce(ops.linear(F.silu(gate) * up, layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
             residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
-        return ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
+        logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
+        return logits if self.comm is None else self.comm.gather_last(logits)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.comm is None else self.comm.all_reduce(partial)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.comm is None:
+            return self.weights.embed[ids]
+        # vocab-parallel: each rank embeds the ids in its range, zeros elsewhere; the sum is exact
+        local = ids - self.vocab_start
+        inside = (local >= 0) & (local < self.cfg.vocab_size)
+        rows = self.weights.embed[local.clamp(0, self.cfg.vocab_size - 1)]
+        return self.comm.all_reduce(torch.where(inside[:, None], rows, torch.zeros_like(rows)))

@@ -1,0 +1,189 @@
+"""Tensor parallelism over torch.distributed (gloo on the CPU, NCCL on GPUs).
+
+Design: one controller. Rank 0 runs the whole Engine (admission, rounds, share allocator,
+prompt cache, sampling, drafter); every rank holds a shard of the target and its own shard of
+every KV block, at the same slots. For each forward, rank 0 broadcasts the ForwardBatch; all
+ranks run their shard on it; logits are gathered. Because block ids and slots are rank 0's and
+identical everywhere, a block rank 0 publishes to the prompt cache (cancel_prefill) is a snapshot
+of that block on every rank at once: there is no second copy of the cache to keep in step.
+
+Shards: column-parallel q/k/v (by heads, KV heads too) and gate/up (by intermediate), row-parallel
+o and down (by input), vocab-parallel embedding and LM head. Exact mode needs reductions whose
+order never depends on the number of tokens: `Comm.all_reduce` gathers every rank's partial and
+sums them in rank order (collectives pick their own algorithms by message size; this does not).
+The drafter runs on rank 0 alone, unsharded: drafters are small, and their tokens only need to
+be the same on the rank that verifies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lanes.batch import ForwardBatch, SeqSlice
+from lanes.config import ConfigError, ModelConfig
+from lanes.models.weights import DecoderWeights, LayerWeights
+
+
+class Comm:
+    """The collectives a sharded forward needs, with a fixed reduction order."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks in rank order: ((r0 + r1) + r2) + ..., the same for any shape."""
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous())
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        return total
+
+    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate each rank's slice of the last dimension (vocab-parallel logits)."""
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
+    for name in ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
+        if getattr(cfg, name) % world:
+            raise ConfigError(
+                f"tensor parallel {world}: {name} ({getattr(cfg, name)}) is not divisible"
+            )
+    return dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // world,
+        num_kv_heads=cfg.num_kv_heads // world,
+        intermediate_size=cfg.intermediate_size // world,
+        vocab_size=cfg.vocab_size // world,
+    )
+
+
+def shard_weights(w: DecoderWeights, cfg: ModelConfig, rank: int, world: int) -> DecoderWeights:
+    """This rank's slices of the full (fused) weights."""
+
+    def part(t: torch.Tensor, dim: int) -> torch.Tensor:
+        return t.chunk(world, dim=dim)[rank].contiguous()
+
+    def qkv_part(t: torch.Tensor) -> torch.Tensor:
+        q, k, v = t.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=0)
+        return torch.cat([part(q, 0), part(k, 0), part(v, 0)]).contiguous()
+
+    layers = []
+    for layer in w.layers:
+        gate, up = layer.gate_up.chunk(2, dim=0)
+        layers.append(
+            LayerWeights(
+                input_norm=layer.input_norm,
+                qkv=qkv_part(layer.qkv),
+                qkv_bias=qkv_part(layer.qkv_bias) if layer.qkv_bias is not None else None,
+                q_norm=layer.q_norm,
+                k_norm=layer.k_norm,
+                o=part(layer.o, 1),
+                post_norm=layer.post_norm,
+                gate_up=torch.cat([part(gate, 0), part(up, 0)]).contiguous(),
+                down=part(layer.down, 1),
+            )
+        )
+    embed = part(w.embed, 0)
+    lm_head = embed if w.lm_head is w.embed else part(w.lm_head, 0)
+    return DecoderWeights(embed=embed, layers=layers, norm=w.norm, lm_head=lm_head)
+
+
+def pack_batch(batch: ForwardBatch) -> dict:
+    """A ForwardBatch as plain CPU data for broadcast_object_list."""
+    return {
+        "input_ids": batch.input_ids.cpu(),
+        "positions": batch.positions.cpu(),
+        "slot_mapping": batch.slot_mapping.cpu(),
+        "seqs": [
+            (s.query_start, s.num_queries, s.context_len, s.kv_slots.cpu()) for s in batch.seqs
+        ],
+        "logits_indices": batch.logits_indices.cpu(),
+    }
+
+
+def unpack_batch(d: dict, device: str) -> ForwardBatch:
+    return ForwardBatch(
+        input_ids=d["input_ids"].to(device),
+        positions=d["positions"].to(device),
+        slot_mapping=d["slot_mapping"].to(device),
+        seqs=tuple(SeqSlice(qs, nq, cl, sl.to(device)) for qs, nq, cl, sl in d["seqs"]),
+        logits_indices=d["logits_indices"].to(device),
+    )
+
+
+def worker_loop(runner, comm: Comm, device: str) -> None:
+    """Ranks > 0: run every forward rank 0 announces, until it says stop (None)."""
+    while True:
+        packed = comm.broadcast(None)
+        if packed is None:
+            return
+        runner.decoder.forward(unpack_batch(packed, device), runner.kv)
+
+
+def _rank_main(rank: int, world: int, init_file: str, model: str, config, job, results) -> None:
+    on_gpu = config.device.startswith("cuda")
+    if on_gpu:  # one GPU per rank
+        torch.cuda.set_device(rank)
+        config = dataclasses.replace(config, device=f"cuda:{rank}")
+    backend = "nccl" if on_gpu else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        from lanes.engine import Engine
+
+        engine = Engine(model, config, parallel=Comm(rank, world))
+        if rank == 0:
+            try:
+                results.put(("ok", job(engine)))
+            except Exception as e:  # report it to the parent, then release the workers
+                results.put(("error", f"{type(e).__name__}: {e}"))
+            engine.comm.broadcast(None)
+        else:
+            worker_loop(engine.runner, engine.comm, config.device)
+    except KeyboardInterrupt:  # the server was stopped: every rank leaves
+        pass
+    finally:
+        dist.destroy_process_group()
+
+
+def run_tensor_parallel(world: int, model: str, config, job: Callable) -> Any:
+    """Start `world` processes, serve `model` sharded over them, and return job(engine) from rank
+    0. `job` must be a module-level function (it is pickled into the new processes)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    fd, init_file = tempfile.mkstemp(prefix="lanes-tp-")
+    os.close(fd)
+    os.unlink(init_file)  # the file store creates it
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, init_file, model, config, job, results))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        status, value = results.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    if status != "ok":
+        raise RuntimeError(f"tensor-parallel job failed: {value}")
+    return value
