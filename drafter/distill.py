@@ -220,9 +220,9 @@ def distill(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step % 25 == 0 or step == steps - 1:
-            log(f"step {step}/{steps} loss {float(loss):.3f} lr {lr_now:.2e}")
+            log(f"step {step}/{steps} loss {losses[-1]:.3f} lr {lr_now:.2e}")
     agreement = held_out_agreement(student, embed, test, device)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(torch.bfloat16).contiguous().cpu() for k, v in student.hf_state().items()}
