@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.shapes import SHAPES, id_tokenizer, random_checkpoint
+from bench.shapes import SHAPES, id_tokenizer, random_checkpoint, synthetic_prompt
 from drafter.base import Draft, Proposer
 from drafter.model import ModelDrafter
 from drafter.replay import ReplayProposer
@@ -58,7 +58,7 @@ def peak_gib(device: str) -> float | None:
 
 
 def prompt(vocab: int, n: int, seed: int) -> list[int]:
-    return [(seed * 7919 + i * 104729 + 17) % vocab for i in range(n)]
+    return synthetic_prompt(vocab, n, seed, offset=17)
 
 
 def decode_seconds(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint
+from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
 from lanes import Engine, EngineConfig, SamplingParams
 
 
@@ -31,7 +31,7 @@ def weight_bytes(engine: Engine) -> int:
 
 
 def decode_tok_s(engine: Engine, vocab: int, new_tokens: int, seed: int) -> float:
-    prompt = [(seed * 7919 + i * 104729) % vocab for i in range(128)]
+    prompt = synthetic_prompt(vocab, 128, seed)
     (out,) = engine.generate(
         [prompt], SamplingParams(max_tokens=new_tokens, ignore_eos=True), cache_salt=f"d{seed}"
     )
@@ -40,7 +40,7 @@ def decode_tok_s(engine: Engine, vocab: int, new_tokens: int, seed: int) -> floa
 
 
 def prefill_s(engine: Engine, vocab: int, length: int, seed: int) -> float:
-    prompt = [(seed * 7919 + i * 104729) % vocab for i in range(length)]
+    prompt = synthetic_prompt(vocab, length, seed)
     (out,) = engine.generate(
         [prompt], SamplingParams(max_tokens=1, ignore_eos=True), cache_salt=f"p{seed}"
     )

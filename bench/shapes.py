@@ -84,6 +84,11 @@ SHAPES = {
 }
 
 
+def synthetic_prompt(vocab: int, n: int, seed: int, offset: int = 0) -> list[int]:
+    """n deterministic token ids below vocab; different seeds give different prompts."""
+    return [(seed * 7919 + i * 104729 + offset) % vocab for i in range(n)]
+
+
 def id_tokenizer(vocab_size: int) -> Tokenizer:
     """A word-level tokenizer whose token i is the text `<i>`: enough to decode any id."""
     vocab = {f"<{i}>": i for i in range(vocab_size)}
