@@ -50,6 +50,12 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=8)
     ap.add_argument("--distilled", default=None, help="a `lanes distill` drafter directory to add")
     ap.add_argument("--only", default=None, help="comma-separated drafter names to run")
+    ap.add_argument(
+        "--chat-prompts",
+        type=int,
+        default=0,
+        help="use N held-out corpus chat prompts (drafter/corpus.py, seed 12345) instead",
+    )
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
@@ -57,6 +63,11 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     base = Engine(checkpoint=ckpt, config=cfg)
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    if args.chat_prompts:
+        from drafter.corpus import chat_prompts, pydoc_texts, shakespeare_texts
+
+        sources = {"pydoc": pydoc_texts(), "shakespeare": shakespeare_texts()}
+        chats = chat_prompts(args.chat_prompts, seed=12345, sources=sources)
     ref = [base.generate([chat], params)[0] for chat in chats]
     records = {tuple(o.prompt_ids): o.token_ids for o in ref}
     vocab = ckpt.config.vocab_size
@@ -69,11 +80,9 @@ def main() -> None:
         "replay-0.8": ReplayProposer(records, 0.8, vocab),
     }
     if args.distilled:
-        from drafter.model import with_shared_tensors
+        from drafter import make_proposer
 
-        drafters["distilled"] = ModelDrafter(
-            with_shared_tensors(open_checkpoint(args.distilled), ckpt), ckpt.tokenizer, cfg
-        )
+        drafters["distilled"] = make_proposer(args.distilled, cfg, ckpt)
     if args.only:
         drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
     results = {}
@@ -116,6 +125,7 @@ def main() -> None:
         "dtype": cfg.torch_dtype_name,
         "batch": 1,
         "prompts": len(chats),
+        "prompt_set": f"{args.chat_prompts} corpus chat prompts" if args.chat_prompts else "built-in",
         "new_tokens": args.new_tokens,
         "num_draft_tokens": cfg.num_draft_tokens,
         "repeats": args.repeats,

@@ -14,14 +14,18 @@ __all__ = ["Draft", "Proposer", "make_proposer"]
 
 
 def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Proposer | None:
-    """`--drafter`: "none", "ngram", or a drafter model (HF directory, .gguf file, repo id;
-    a `lanes distill` directory takes its shared tensors from the target)."""
+    """`--drafter`: "none", "ngram", a `lanes distill` (EAGLE-style) directory, or a drafter
+    model (HF directory, .gguf file, repo id)."""
     if spec in ("", "none"):
         return None
     if spec == "ngram":
         from drafter.ngram import NgramProposer
 
         return NgramProposer()
+    from drafter.eagle import EagleDrafter, is_eagle_dir
+
+    if is_eagle_dir(spec):
+        return EagleDrafter(spec, target, config)
     from drafter.model import ModelDrafter, with_shared_tensors
     from lanes.models import open_checkpoint
 

@@ -31,12 +31,17 @@ class Proposer:
       continuing lane i's known tokens (fewer, or none, is always allowed);
     - `accepted(lane)` after the lane's drafts were verified: `lane.num_computed` says how much
       of the lane is now settled; state past it must be rolled back;
-    - `release(lane)` when the lane ends or is preempted: drop everything kept for it.
+    - `release(lane)` when the lane ends or is preempted: drop everything kept for it;
+    - `observe(lane, start, hidden)`, only for proposers with `uses_target_hidden`, after every
+      target forward over a drafting lane and before `prefill`/`accepted`: the target's
+      final-norm features of positions [start, start + len(hidden)), now settled (a view the next
+      forward overwrites: copy what you keep).
 
     A proposer only affects speed: with coupled verification the output never depends on it.
     """
 
     name = "proposer"
+    uses_target_hidden = False
 
     def prefill(self, steps: Sequence[Step]) -> None:
         return None
@@ -48,4 +53,7 @@ class Proposer:
         return None
 
     def release(self, lane: Lane) -> None:
+        return None
+
+    def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
         return None

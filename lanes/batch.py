@@ -35,6 +35,8 @@ class ForwardBatch:
     seqs: tuple[SeqSlice, ...]
     logits_indices: torch.Tensor  # [num_logits] int64: rows whose next-token logits are wanted
     attn_meta: Any = field(default=None, compare=False)  # built by Ops.prepare (Triton ops)
+    # [num_tokens, hidden]: the target's features each row reads (EAGLE-style drafters only)
+    features: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -143,12 +143,18 @@ def _distill(args: argparse.Namespace) -> int:
     report = distill(
         args.target,
         Path(args.out),
-        layers=tuple(int(x) for x in args.layers.split(",")),
         num_prompts=args.prompts,
+        held_out=args.held_out,
         new_tokens=args.new_tokens,
+        depth=args.depth,
         steps=args.steps,
         batch=args.batch,
+        lr=args.lr,
+        draft_vocab=args.draft_vocab,
         device=args.device,
+        max_lanes=args.max_lanes,
+        seed=args.seed,
+        max_train_seconds=args.max_train_seconds,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     summary = {k: v for k, v in report.items() if k != "losses"}
@@ -202,11 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     dist = sub.add_parser("distill", help="train a drafter for a target on its own outputs")
     dist.add_argument("--target", default=None, help="target model (default: SmolLM2)")
     dist.add_argument("--out", required=True, help="directory for the drafter")
-    dist.add_argument("--layers", default="0,29", help="target layers the drafter starts from")
-    dist.add_argument("--prompts", type=int, default=256)
-    dist.add_argument("--new-tokens", type=int, default=64)
-    dist.add_argument("--steps", type=int, default=400)
-    dist.add_argument("--batch", type=int, default=8)
+    dist.add_argument("--prompts", type=int, default=1024, help="training prompts")
+    dist.add_argument("--held-out", type=int, default=32, help="prompts for the acceptance check")
+    dist.add_argument("--new-tokens", type=int, default=128, help="tokens the target answers")
+    dist.add_argument("--depth", type=int, default=3, help="draft steps unrolled in training")
+    dist.add_argument("--steps", type=int, default=1000)
+    dist.add_argument("--batch", type=int, default=16)
+    dist.add_argument("--lr", type=float, default=5e-4)
+    dist.add_argument("--draft-vocab", type=int, default=16384, help="0: the whole vocabulary")
+    dist.add_argument("--max-lanes", type=int, default=64, help="target lanes making the data")
+    dist.add_argument("--seed", type=int, default=0)
+    dist.add_argument(
+        "--max-train-seconds", type=float, default=0, help="stop training after this long (0: no cap)"
+    )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)
 

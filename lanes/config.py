@@ -161,6 +161,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
+    adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)
     verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"
     draft_kv_cache_bytes: int = 128 * 2**20  # the model drafter's own KV pool
 

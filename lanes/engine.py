@@ -220,13 +220,17 @@ class Engine:
 
     def _run_forward(self, steps: tuple[Step, ...]) -> list[Completion]:
         logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
+        hidden = self.runner.last_hidden if self._observing else None
         ended = []
-        row = 0
+        row = hidden_row = 0
         now = None
         for s in steps:
             lane = s.lane
+            rows_hidden = None if hidden is None else hidden[hidden_row : hidden_row + s.num_tokens]
+            hidden_row += s.num_tokens
             if not s.samples:
                 lane.num_computed = s.end  # the forward has completed: this KV is now valid
+                self._observe(s, rows_hidden)
                 continue
             rows = logits[row : row + s.num_logits]
             row += s.num_logits
@@ -254,9 +258,19 @@ class Engine:
             # KV is valid up to the last kept token's input; rejected drafts' positions are not.
             lane.num_computed = min(s.end, lane.num_known - 1)
             self.cache.release(lane.block_table.truncate(lane.num_known))
+            self._observe(s, rows_hidden)
             if self.proposer is not None and s.draft_ids:
                 self.proposer.accepted(lane)
         return ended
+
+    @property
+    def _observing(self) -> bool:
+        return self.proposer is not None and self.proposer.uses_target_hidden
+
+    def _observe(self, s: Step, hidden: torch.Tensor | None) -> None:
+        """Hand an EAGLE-style drafter the target's features of the step's settled positions."""
+        if hidden is not None and self._drafting(s.lane) and s.lane.num_computed > s.start:
+            self.proposer.observe(s.lane, s.start, hidden[: s.lane.num_computed - s.start])
 
     def _drafting(self, lane: Lane) -> bool:
         return self.proposer is not None and lane.params.draft and self.config.num_draft_tokens > 0
@@ -266,7 +280,10 @@ class Engine:
         if not self._drafting(lane):
             return 0
         room = self._max_len(lane) - lane.num_known - 1  # the target always adds one token
-        return max(0, min(choose_num_drafts(lane, self.config.num_draft_tokens), room))
+        k = self.config.num_draft_tokens
+        if self.config.adaptive_drafts:
+            k = choose_num_drafts(lane, k)
+        return max(0, min(k, room))
 
     def _fill_drafts(self, plan: LaneRound) -> LaneRound:
         """Ask the proposer for the planned draft slots; decode steps become verify steps."""
@@ -464,6 +481,13 @@ class Engine:
     def prompt_logits(self, prompts: list[Prompt]) -> list[torch.Tensor]:
         """Next-token logits [len(prompt), vocab] at every position of every prompt, all prompts in
         one forward (for scoring, prompt logprobs, and the batch-invariance tests)."""
+        return [logits for logits, _ in self.prompt_logits_and_features(prompts)]
+
+    def prompt_logits_and_features(
+        self, prompts: list[Prompt]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """prompt_logits, with each prompt's final-norm features [len(prompt), hidden] (what an
+        EAGLE-style drafter reads; `lanes distill` trains on them)."""
         lanes = [self._new_lane(p, SamplingParams(max_tokens=1)) for p in prompts]
         need = sum(lane.block_table.blocks_needed(lane.num_known) for lane in lanes)
         if need > self.cache.num_available:
@@ -477,10 +501,12 @@ class Engine:
         try:
             steps = [Step(lane, 0, lane.num_known) for lane in lanes]
             logits = self.runner.execute(steps, all_logits=True)
+            hidden = self.runner.last_hidden.clone()
         finally:
             for lane in lanes:
                 self.cache.release(lane.block_table.clear())
-        return list(logits.split([lane.num_known for lane in lanes]))
+        sizes = [lane.num_known for lane in lanes]
+        return list(zip(logits.split(sizes), hidden.split(sizes), strict=True))
 
     def generate(
         self,

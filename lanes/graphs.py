@@ -60,6 +60,7 @@ class _Graph:
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None  # the decoder's final-norm rows, static
 
 
 class DecodeGraphs:
@@ -73,6 +74,7 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.num_replays = 0
+        self.last_hidden: torch.Tensor | None = None  # rows of the latest replay (a view)
 
     def supports(self, steps: Sequence[Step]) -> bool:
         """Decode/verify steps only (every row yields logits), one token count for all lanes."""
@@ -93,6 +95,7 @@ class DecodeGraphs:
         self._fill(g, steps)
         g.graph.replay()
         self.num_replays += 1
+        self.last_hidden = g.hidden[: len(steps) * tokens]
         return g.logits[: len(steps) * tokens].clone()
 
     def _fill(self, g: _Graph, steps: Sequence[Step]) -> None:
@@ -140,4 +143,5 @@ class DecodeGraphs:
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self.pool):
             g.logits = self.decoder.forward(g.batch, self.kv)
+            g.hidden = self.decoder.last_hidden
         return g

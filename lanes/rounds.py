@@ -39,6 +39,8 @@ class Step:
     draft_ids: tuple[int, ...] = ()
     num_drafts: int = 0
     draft_logprobs: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # [num_tokens, hidden]: target features the rows read (EAGLE-style drafter steps only)
+    features: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -19,6 +19,9 @@ class ModelRunner:
         self.device = device
         self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
         self.comm = decoder.comm  # tensor parallel: rank 0 announces each forward to the others
+        # the latest forward's final-norm rows, step after step (num_tokens rows per step); a
+        # view the next forward overwrites: take copies of what must outlive it
+        self.last_hidden: torch.Tensor | None = None
 
     def build_batch(self, steps: Sequence[Step], all_logits: bool = False) -> ForwardBatch:
         """Every step's tokens, one after another; logits rows: each step's trailing
@@ -48,24 +51,32 @@ class ModelRunner:
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
+        features = None
+        if any(s.features is not None for s in steps):
+            features = torch.cat([s.features for s in steps]).to(self.device)
         return ForwardBatch(
             input_ids=t(ids),
             positions=t(positions),
             slot_mapping=t(slots),
             seqs=tuple(seqs),
             logits_indices=t(logits_rows),
+            features=features,
         )
 
     def execute(self, steps: Sequence[Step], all_logits: bool = False) -> torch.Tensor:
         """One forward over the steps; returns logits [num_logits_rows, vocab] in step order."""
         if self.graphs is not None and not all_logits and self.graphs.supports(steps):
-            return self.graphs.run(steps)
+            logits = self.graphs.run(steps)
+            self.last_hidden = self.graphs.last_hidden
+            return logits
         batch = self.build_batch(steps, all_logits)
         if self.comm is not None:
             from lanes.parallel import pack_batch
 
             self.comm.broadcast(pack_batch(batch))
-        return self.decoder.forward(batch, self.kv)
+        logits = self.decoder.forward(batch, self.kv)
+        self.last_hidden = self.decoder.last_hidden
+        return logits
 
 
 def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) -> ModelRunner:
@@ -84,6 +95,7 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         and config.device.startswith("cuda")
         and decoder.ops.name == "triton"
         and decoder.comm is None
+        and decoder.weights.fuse is None  # graphs have no static features buffer (yet)
     ):
         from lanes.graphs import DecodeGraphs
 

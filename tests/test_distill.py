@@ -1,9 +1,18 @@
-"""`lanes distill` at toy scale: it trains, saves only the drafter's own tensors, loads as a
-drafter that shares the target's embedding, and drafted output equals undrafted."""
+"""`lanes distill` and the EAGLE-style drafter it makes.
+
+- toy training: it learns, saves only the drafter's own tensors, loads as a drafter sharing the
+  target's embedding, and drafted output equals undrafted (greedy and seeded);
+- the serving drafter computes exactly what the training code computes: its drafts are the
+  argmax of the trained passes over the same tokens and target features (negative control:
+  features one row off give other drafts).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+
+import torch
 
 from lanes import Engine, EngineConfig, SamplingParams
 
@@ -16,27 +25,121 @@ def test_distill_toy(tiny_models, tmp_path):
     report = distill(
         str(target),
         out,
-        layers=(1,),
-        num_prompts=6,
-        new_tokens=6,
-        steps=12,
-        batch=2,
+        num_prompts=8,
+        held_out=2,
+        new_tokens=8,
+        steps=40,
+        batch=4,
+        lr=3e-3,
+        max_len=64,
+        draft_vocab=64,
         snippet_chars=60,
+        corpus=("pydoc",),
         log=lambda m: None,
     )
-    assert report["losses"][-1] < report["losses"][0]  # it learned something
+    losses = report["losses"]
+    assert sum(losses[-5:]) < sum(losses[:5])  # it learned something
     saved = json.loads((out / "drafter.json").read_text())
-    assert saved["shared_with_target"] == ["model.embed_tokens.weight"]
+    assert saved["kind"] == "eagle" and saved["shared_with_target"] == ["model.embed_tokens.weight"]
+    assert all(v["drafted_equals_undrafted"] for v in saved["held_out"].values())
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names = set(f.keys())
-    assert (
-        "model.embed_tokens.weight" not in names and "model.layers.0.mlp.down_proj.weight" in names
+    assert "model.embed_tokens.weight" not in names
+    assert {"eagle.fuse.weight", "eagle.vocab", "model.layers.0.mlp.down_proj.weight"} <= names
+    for params in (
+        SamplingParams(max_tokens=16, ignore_eos=True),
+        SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.7, seed=2),
+    ):
+        plain = Engine(str(target)).generate(["The quick brown fox"], params)[0]
+        drafted = Engine(str(target), EngineConfig(drafter=str(out))).generate(
+            ["The quick brown fox"], params
+        )[0]
+        assert drafted.token_ids == plain.token_ids and drafted.num_drafted > 0
+
+
+def _random_head(target_dir, out, vocab_size):
+    """An untrained drafter (random layer) saved like `lanes distill` saves one; the head
+    keeps the bf16-rounded weights the engine will load."""
+    from drafter.distill import EagleHead, hf_config, save
+    from lanes.config import ModelConfig
+    from lanes.models import open_checkpoint
+
+    target = open_checkpoint(str(target_dir))
+    cfg = ModelConfig.from_hf(hf_config(target.config, num_layers=1))
+    torch.manual_seed(0)
+    head = EagleHead(cfg, target, torch.arange(0, vocab_size, 2), "cpu")
+    with torch.no_grad():
+        for p in head.params.values():
+            p.add_(torch.randn_like(p) * 0.3)
+            p.copy_(p.to(torch.bfloat16).float())
+    save(head, cfg, out)
+    (out / "drafter.json").write_text(json.dumps({"kind": "eagle"}))
+    return head
+
+
+def test_eagle_drafts_match_training_passes(tiny_models, tmp_path):
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    head = _random_head(target_dir, out, 256)
+    k = 3
+    engine = Engine(
+        str(target_dir),
+        EngineConfig(drafter=str(out), num_draft_tokens=k, adaptive_drafts=False),
     )
-    params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.7, seed=2)
-    plain = Engine(str(target)).generate(["The quick brown fox"], params)[0]
-    drafted = Engine(str(target), EngineConfig(drafter=str(out))).generate(
-        ["The quick brown fox"], params
-    )[0]
-    assert drafted.token_ids == plain.token_ids and drafted.num_drafted > 0
+    seen = []
+    propose = engine.proposer.propose
+
+    def recording(lanes, num_drafts):
+        drafts = propose(lanes, num_drafts)
+        assert len(drafts[0].token_ids) == num_drafts[0]
+        seen.append((lanes[0].all_ids(), drafts[0].token_ids))
+        return drafts
+
+    engine.proposer.propose = recording
+    engine.generate(["one two three four"], SamplingParams(max_tokens=12, ignore_eos=True))
+    assert len(seen) >= 3
+    scorer = Engine(str(target_dir))
+
+    def expected(known, drafts, shift):
+        ids = known + list(drafts[:-1])
+        _, feats = scorer.prompt_logits_and_features([known[:-1]])[0]
+        feats = torch.cat([feats, feats.new_zeros(len(ids) - len(feats), feats.shape[1])])
+        if shift:
+            feats = torch.roll(feats, 1, dims=0)
+        with torch.no_grad():
+            passes = head.unrolled(torch.tensor([ids]), feats[None], len(drafts))
+        n = len(known)
+        return tuple(
+            int(head.vocab[(g[0, n - 2 + d] @ head.embed[head.vocab].T).argmax()])
+            for d, g in enumerate(passes)
+        )
+
+    assert max(len(d) for _, d in seen) == k
+    for known, drafts in seen:
+        assert drafts == expected(known, drafts, shift=False)
+    assert any(drafts != expected(known, drafts, shift=True) for known, drafts in seen)
+
+
+def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_path):
+    """Drafted == undrafted when the drafter misses features (prompt-cache hits) and when
+    lanes draft together; the drafter's blocks all come back."""
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 256)
+    prompts = ["a b c d e f g h i j k l m n o p q r s t", "a b c d e f g h i j k l m n o p q x"]
+    params = [
+        SamplingParams(max_tokens=20, ignore_eos=True),
+        SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, seed=5),
+    ]
+    plain = Engine(str(target_dir)).generate(prompts, [dataclasses.replace(p, draft=False) for p in params])
+    engine = Engine(str(target_dir), EngineConfig(drafter=str(out)))
+    for _ in range(2):  # the second pass hits the prompt cache
+        drafted = engine.generate(prompts, params)
+        assert [c.token_ids for c in drafted] == [c.token_ids for c in plain]
+        assert sum(c.num_drafted for c in drafted) > 0
+    assert drafted[0].cached_tokens > 0
+    engine.check_integrity()
+    engine.proposer.check_integrity()
+    assert engine.proposer.pool.num_used == 0

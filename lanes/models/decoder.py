@@ -15,7 +15,11 @@ from lanes.ops import Ops
 
 class Decoder:
     """Runs one forward: embeds the batch's tokens, writes their K/V into the pool, attends over
-    each lane's whole context, and returns logits for the rows in `batch.logits_indices`."""
+    each lane's whole context, and returns logits for the rows in `batch.logits_indices`.
+
+    `last_hidden` [num_tokens, hidden] keeps the final-norm output of every row of the latest
+    forward (what the LM head reads): the features an EAGLE-style drafter consumes.
+    """
 
     def __init__(
         self, cfg: ModelConfig, weights: DecoderWeights, ops: Ops, comm=None, vocab_start: int = 0
@@ -28,6 +32,7 @@ class Decoder:
         self.comm = comm
         self.vocab_start = vocab_start
         self.cos, self.sin = rope_tables(cfg, weights.embed.device)
+        self.last_hidden: torch.Tensor | None = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
@@ -36,6 +41,8 @@ class Decoder:
         n, d, eps = batch.num_tokens, cfg.head_dim, cfg.rms_norm_eps
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, head_dim / 2]
         residual = self._embed(batch.input_ids)  # [n, hidden]
+        if w.fuse is not None:  # EAGLE-style drafter: token embedding + the target's feature
+            residual = ops.linear(torch.cat([residual, batch.features.to(residual.dtype)], -1), w.fuse)
         x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
             qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size]
@@ -55,6 +62,7 @@ class Decoder:
             down = self._reduce(ops.linear(F.silu(gate) * up, layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
             residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
+        self.last_hidden = x
         logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
         return logits if self.comm is None else self.comm.gather_last(logits)
 

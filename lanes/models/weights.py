@@ -91,6 +91,9 @@ class DecoderWeights:
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+    # EAGLE-style drafters: [hidden, 2 * hidden] mixes each row's token embedding with the
+    # target's feature for that row (drafter/eagle.py); None for ordinary decoders
+    fuse: torch.Tensor | None = None
 
 
 def assemble(

@@ -1,0 +1,262 @@
+"""The EAGLE-style drafter: one decoder layer that reads the target's own features.
+
+Row r of the drafter reads the token at position r + 1 and the target's final-norm feature at
+position r (what the target's LM head read to predict that token), mixed by `fuse`; its own
+final-norm output is its guess of the target's feature at r + 1, so the target's LM head (the
+shared embedding, or the rows of `vocab` when the drafter predicts a subset) turns it into a
+draft for position r + 2. Drafting k tokens feeds each guess back in as the next row's feature.
+
+    target rows:   t0 t1 t2 t3        features f0 f1 f2 f3 (f3 -> t4, sampled)
+    drafter rows:  (t1,f0) (t2,f1) (t3,f2) (t4,f3) -> d5   (d5,g4) -> d6 ...
+
+Only rows whose feature came from the target are kept (`num_computed`); rows fed with the
+drafter's own guesses are rewritten by the next catch-up. Positions whose features the drafter
+never saw (a prompt-cache hit) read zeros: a weaker draft, never a wrong output, since coupled
+verification keeps only what the target itself samples.
+
+A drafter directory (`lanes distill`): config.json (a one-layer Llama config of the target's
+width), model.safetensors (layer 0, model.norm, eagle.fuse, optional eagle.vocab) and
+drafter.json {"kind": "eagle", "shared_with_target": ["model.embed_tokens.weight"], ...}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from cache.block_pool import BlockPool
+from cache.block_table import BlockTable
+from cache.kv_pool import KVPool
+from drafter.base import Draft, Proposer
+from lanes.config import ConfigError, EngineConfig, ModelConfig
+from lanes.lane import Lane
+from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
+from lanes.ops import make_ops
+from lanes.rounds import Step
+from lanes.runner import build_runner
+from lanes.sampling import sample_row
+
+FUSE = "eagle.fuse.weight"  # [hidden, 2 * hidden]
+VOCAB = "eagle.vocab"  # [draft vocab] int64: the target token ids the drafter can propose
+
+
+def is_eagle_dir(spec: str) -> bool:
+    meta = Path(spec) / "drafter.json"
+    return meta.is_file() and json.loads(meta.read_text()).get("kind") == "eagle"
+
+
+def load_eagle_decoder(
+    path: Path, target: Checkpoint, config: EngineConfig
+) -> tuple[Decoder, torch.Tensor | None]:
+    """The drafter's one-layer decoder (LM head: the target's embedding rows) and its vocab."""
+    cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    tcfg = target.config
+    if (cfg.hidden_size, cfg.vocab_size) != (tcfg.hidden_size, tcfg.vocab_size):
+        raise ConfigError(
+            f"drafter {path} was made for a target of hidden size {cfg.hidden_size} and "
+            f"vocabulary {cfg.vocab_size}; this target has {tcfg.hidden_size} and {tcfg.vocab_size}"
+        )
+    own: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                own[name] = f.get_tensor(name)
+    except (OSError, RuntimeError) as e:
+        raise WeightError(f"cannot read {path / 'model.safetensors'}: {e}") from e
+    fuse, vocab = own.pop(FUSE, None), own.pop(VOCAB, None)
+    if fuse is None or tuple(fuse.shape) != (cfg.hidden_size, 2 * cfg.hidden_size):
+        raise WeightError(f"{path}: {FUSE} missing or not [hidden, 2 * hidden]")
+    embed_name = "model.embed_tokens.weight"
+    shapes = {k: tuple(v.shape) for k, v in own.items()} | {embed_name: target.shapes[embed_name]}
+    check_shapes(shapes, cfg)
+
+    def load(name: str) -> torch.Tensor:
+        return target.load(name) if name == embed_name else own[name]
+
+    dtype = getattr(torch, config.torch_dtype_name)
+    weights = assemble(cfg, load, dtype, config.device)
+    weights.fuse = fuse.to(device=config.device, dtype=dtype)
+    if vocab is not None:
+        vocab = vocab.to(device=config.device, dtype=torch.int64)
+        if vocab.ndim != 1 or int(vocab.min()) < 0 or int(vocab.max()) >= cfg.vocab_size:
+            raise WeightError(f"{path}: {VOCAB} must list token ids below {cfg.vocab_size}")
+        weights.lm_head = weights.embed[vocab].contiguous()
+    ops = make_ops(config.exact, config.device, config.kernels)
+    return Decoder(cfg, weights, ops), vocab
+
+
+class _Shadow:
+    """The drafter's view of a lane: row r holds the token at r + 1, so the drafter knows one row
+    fewer than the lane has tokens. `features` are the target's, for the rows from
+    `num_computed` on."""
+
+    def __init__(self, lane: Lane, block_size: int, hidden_size: int) -> None:
+        self.lane = lane
+        self.block_table = BlockTable(block_size)
+        self.num_computed = 0
+        self.features: torch.Tensor | None = None  # [rows from num_computed, hidden]
+
+    @property
+    def num_known(self) -> int:
+        return self.lane.num_known - 1
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        return self.lane.token_ids(start + 1, end + 1)
+
+    def features_until(self, end: int, like: torch.Tensor) -> torch.Tensor:
+        """Features of rows [num_computed, end); zeros where the target's were never seen."""
+        have = self.features if self.features is not None else like.new_zeros((0, like.shape[-1]))
+        need = end - self.num_computed
+        if len(have) >= need:
+            return have[:need]
+        return torch.cat([have, like.new_zeros((need - len(have), like.shape[-1]))])
+
+    def advance(self, end: int) -> None:
+        """Rows < end are computed from the target's features."""
+        if self.features is not None:
+            self.features = self.features[end - self.num_computed :]
+        self.num_computed = end
+
+
+class EagleDrafter(Proposer):
+    name = "eagle"
+    uses_target_hidden = True
+
+    def __init__(self, path: str, target: Checkpoint, config: EngineConfig) -> None:
+        self.config = config
+        self.source = path
+        decoder, self.vocab = load_eagle_decoder(Path(path), target, config)
+        mc, bs = decoder.cfg, config.block_size
+        dtype = decoder.weights.embed.dtype
+        per_block = KVPool.bytes_per_block(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
+        num_blocks = max(1, config.draft_kv_cache_bytes // per_block)
+        self.pool = BlockPool(num_blocks)
+        self.runner = build_runner(decoder, num_blocks, config, dtype)
+        self.vocab_size = mc.vocab_size
+        self.hidden_size = mc.hidden_size
+        self.shadows: dict[int, _Shadow] = {}
+        self._zero = torch.zeros((1, mc.hidden_size), dtype=dtype, device=config.device)
+
+    def _shadow(self, lane: Lane) -> _Shadow:
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is None:
+            shadow = _Shadow(lane, self.config.block_size, self.hidden_size)
+            self.shadows[lane.request_id] = shadow
+        return shadow
+
+    def _reserve(self, shadow: _Shadow, end: int) -> bool:
+        """Blocks for rows < end; when the pool is full, give the lane up (it starts over later,
+        with zero features for what it missed) rather than take memory from the target."""
+        need = shadow.block_table.blocks_needed(end)
+        if need > self.pool.num_free:
+            self.release(shadow.lane)
+            return False
+        shadow.block_table.append(self.pool.allocate(need))
+        return True
+
+    def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
+        shadow = self._shadow(lane)
+        have = shadow.num_computed + (0 if shadow.features is None else len(shadow.features))
+        if start > have:  # positions the drafter never saw (prompt-cache hit): zeros
+            gap = self._zero.expand(start - have, -1)
+            hidden = torch.cat([gap, hidden])
+            start = have
+        new = hidden[have - start :].to(self._zero.dtype, copy=True)
+        if len(new):
+            old = shadow.features
+            shadow.features = new if old is None or not len(old) else torch.cat([old, new])
+
+    def prefill(self, steps: Sequence[Step]) -> None:
+        """Catch up on prompt chunks in the same round, leaving the newest row to `propose`
+        (whose first forward needs its logits)."""
+        todo = []
+        for s in steps:
+            shadow = self.shadows.get(s.lane.request_id)
+            if shadow is None or shadow.features is None:
+                continue
+            end = min(shadow.num_computed + len(shadow.features), shadow.num_known) - 1
+            if end > shadow.num_computed and self._reserve(shadow, end):
+                feats = shadow.features_until(end, self._zero)
+                todo.append(Step(shadow, shadow.num_computed, end, features=feats))
+        if todo:
+            self.runner.execute(todo)
+            for s in todo:
+                s.lane.advance(s.end)
+
+    def _full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary (-inf outside the drafter's subset)."""
+        if self.vocab is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        full[:, self.vocab] = logits
+        return full
+
+    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+        drafts: dict[int, list[int]] = {lane.request_id: [] for lane in lanes}
+        logprobs: dict[int, list[torch.Tensor]] = {lane.request_id: [] for lane in lanes}
+        wanted: dict[int, int] = {}
+        steps = []
+        for lane, k in zip(lanes, num_drafts, strict=True):
+            shadow = self._shadow(lane)
+            # rows up to the newest known token, then k - 1 rows that read drafts
+            if k > 0 and self._reserve(shadow, shadow.num_known + k - 1):
+                wanted[lane.request_id] = k
+                end = shadow.num_known
+                feats = shadow.features_until(end, self._zero)
+                steps.append(Step(shadow, shadow.num_computed, end, num_logits=1, features=feats))
+        for j in range(max(wanted.values(), default=0)):
+            if not steps:
+                break
+            logits = self._full_logits(self.runner.execute(steps))
+            hidden = self.runner.last_hidden
+            last_rows = torch.tensor(
+                list(itertools.accumulate(s.num_tokens for s in steps)), device=hidden.device
+            )
+            guesses = hidden[last_rows - 1].clone()  # each lane's guess of the next feature
+            next_steps = []
+            for row, step in enumerate(steps):
+                shadow, lane = step.lane, step.lane.lane
+                if j == 0:
+                    shadow.advance(step.end)
+                position = lane.num_known + j
+                token, lp = sample_row(logits[row], lane.params, position, lane.params.seed)
+                drafts[lane.request_id].append(token)
+                logprobs[lane.request_id].append(lp)
+                if j + 1 < wanted[lane.request_id]:
+                    r = shadow.num_known + j
+                    next_steps.append(
+                        Step(
+                            shadow,
+                            r,
+                            r + 1,
+                            num_logits=1,
+                            draft_ids=(token,),
+                            features=guesses[row : row + 1],
+                        )
+                    )
+            steps = next_steps
+        return [
+            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if drafts[rid] else None)
+            for rid in (lane.request_id for lane in lanes)
+        ]
+
+    def accepted(self, lane: Lane) -> None:
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is not None:  # rows past the newest known token held drafts
+            self.pool.release(shadow.block_table.truncate(shadow.num_known))
+
+    def release(self, lane: Lane) -> None:
+        shadow = self.shadows.pop(lane.request_id, None)
+        if shadow is not None:
+            self.pool.release(shadow.block_table.clear())
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        owned = sum(len(sh.block_table.blocks) for sh in self.shadows.values())
+        if owned != self.pool.num_used:
+            raise AssertionError(f"drafter: {self.pool.num_used} blocks used, shadows own {owned}")
