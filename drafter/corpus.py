@@ -77,15 +77,23 @@ def chat_prompts(
     count: int, seed: int = 0, chars: int = 600, sources: dict[str, list[str]] | None = None
 ) -> list[list[dict]]:
     """`count` single-turn chat prompts: an ask and a random snippet, sources alternating."""
+    return [messages for messages, _ in chat_examples(count, seed, chars, sources)]
+
+
+def chat_examples(
+    count: int, seed: int = 0, chars: int = 600, sources: dict[str, list[str]] | None = None
+) -> list[tuple[list[dict], str]]:
+    """Chat prompts, each with the source text that follows its snippet (up to `chars` more)."""
     sources = sources if sources is not None else {"pydoc": pydoc_texts()}
     names = [n for n in sorted(sources) if sources[n]]
     rng = random.Random(seed)
-    prompts = []
+    examples = []
     for i in range(count):
         name = names[i % len(names)]
         text = rng.choice(sources[name])
         start = rng.randrange(0, max(1, len(text) - chars))
         snippet = text[start : start + chars].strip()
         ask = rng.choice(_ASKS.get(name, _ASKS["pydoc"]))
-        prompts.append([{"role": "user", "content": f"{ask}\n\n{snippet}"}])
-    return prompts
+        following = text[start + chars : start + 2 * chars].strip()
+        examples.append(([{"role": "user", "content": f"{ask}\n\n{snippet}"}], following))
+    return examples

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from drafter.corpus import chat_prompts, pydoc_texts, shakespeare_texts
+from drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
 from drafter.eagle import FUSE, VOCAB
 from lanes.config import EngineConfig, ModelConfig
 from lanes.models import Checkpoint, open_checkpoint
@@ -52,18 +52,22 @@ class Example:
 
 def teacher_data(
     target: Checkpoint,
-    prompts: list,
+    examples: list[tuple[list[dict], str]],
+    num_answered: int,
     new_tokens: int,
     config: EngineConfig,
     seed: int,
     log,
     sampled_every: int = 2,
 ) -> list[Example]:
-    """The target answers every prompt (every `sampled_every`-th one sampled), then one
-    prefill per batch of answered sequences yields features and top-k targets."""
+    """Sequences, then the target's features and top-k targets at every position (one prefill
+    per batch). The first `num_answered` sequences are prompts the target answers itself (every
+    `sampled_every`-th one sampled); the rest, cheaper to make, are a prompt followed by the
+    source text that comes after its snippet."""
     from lanes import Engine
 
     engine = Engine(checkpoint=target, config=config)
+    prompts = [messages for messages, _ in examples[:num_answered]]
     params = [
         SamplingParams(max_tokens=new_tokens, temperature=SAMPLED_TEMPERATURE, seed=seed + i)
         if i % sampled_every == sampled_every - 1
@@ -71,12 +75,15 @@ def teacher_data(
         for i in range(len(prompts))
     ]
     started = time.perf_counter()
-    outs = engine.generate(prompts, params)
+    outs = engine.generate(prompts, params) if prompts else []
     seqs = [o.prompt_ids + o.token_ids for o in outs]
     log(
         f"teacher: {len(seqs)} answers, {sum(len(o.token_ids) for o in outs)} new tokens in "
         f"{time.perf_counter() - started:.1f} s"
     )
+    tok = target.tokenizer
+    for messages, following in examples[num_answered:]:
+        seqs.append(engine.encode(messages) + tok.encode(following, add_special_tokens=False))
     data: list[Example] = []
     batch: list[list[int]] = []
     budget = max(2048, config.max_tokens_per_round)
@@ -102,6 +109,10 @@ def teacher_data(
         batch.append(seq)
     if batch:
         flush()
+    log(
+        f"teacher: features of {len(data)} sequences, {sum(len(ex.ids) for ex in data)} tokens "
+        f"after {time.perf_counter() - started:.1f} s"
+    )
     return data
 
 
@@ -135,7 +146,10 @@ class EagleHead(torch.nn.Module):
         return self.params[_key(name)]
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        out = {k.replace("__", "."): v.detach().to(torch.bfloat16).cpu() for k, v in self.params.items()}
+        out = {
+            k.replace("__", "."): v.detach().to(torch.bfloat16).cpu()
+            for k, v in self.params.items()
+        }
         out[VOCAB] = self.vocab.cpu()
         return out
 
@@ -173,7 +187,9 @@ class EagleHead(torch.nn.Module):
             a = _chain_attention(q, passes_kv)
             x = x + a.transpose(1, 2).reshape(b, rows, -1) @ self.p(p + "self_attn.o_proj.weight").T
             y = self._norm(x, self.p(p + "post_attention_layernorm.weight"))
-            g = F.silu(y @ self.p(p + "mlp.gate_proj.weight").T) * (y @ self.p(p + "mlp.up_proj.weight").T)
+            g = F.silu(y @ self.p(p + "mlp.gate_proj.weight").T) * (
+                y @ self.p(p + "mlp.up_proj.weight").T
+            )
             x = x + g @ self.p(p + "mlp.down_proj.weight").T
             guess = self._norm(x, self.p("model.norm.weight"))
             guesses.append(guess)
@@ -196,8 +212,12 @@ def _chain_attention(q: torch.Tensor, passes_kv: list) -> torch.Tensor:
     for e in range(1, d + 1):
         ke, ve = passes_kv[e]
         shift = d - e  # key row r - shift
-        ks = torch.cat([ke.new_zeros(*ke.shape[:2], shift, ke.shape[-1]), ke[:, :, : rows - shift]], 2)
-        vs = torch.cat([ve.new_zeros(*ve.shape[:2], shift, ve.shape[-1]), ve[:, :, : rows - shift]], 2)
+        ks = torch.cat(
+            [ke.new_zeros(*ke.shape[:2], shift, ke.shape[-1]), ke[:, :, : rows - shift]], 2
+        )
+        vs = torch.cat(
+            [ve.new_zeros(*ve.shape[:2], shift, ve.shape[-1]), ve[:, :, : rows - shift]], 2
+        )
         s = (q * ks).sum(-1, keepdim=True).float() * scale
         diag_s.append(s.masked_fill((r < shift)[None, None, :, None], float("-inf")))
         diag_v.append(vs)
@@ -260,7 +280,9 @@ def batch_loss(
     return torch.stack(losses).mean(), agree
 
 
-def choose_vocab(data: list[Example], size: int, vocab_size: int, eos: tuple[int, ...]) -> torch.Tensor:
+def choose_vocab(
+    data: list[Example], size: int, vocab_size: int, eos: tuple[int, ...]
+) -> torch.Tensor:
     """The `size` token ids the target predicts most often (top-1), end-of-sequence included."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for ex in data:
@@ -275,6 +297,7 @@ def distill(
     out: Path,
     *,
     num_prompts: int = 1024,
+    num_answered: int = 256,
     held_out: int = 32,
     new_tokens: int = 128,
     depth: int = 3,
@@ -300,8 +323,8 @@ def distill(
     sources = {"pydoc": pydoc_texts()}
     if "shakespeare" in corpus:
         sources["shakespeare"] = shakespeare_texts(log)
-    prompts = chat_prompts(num_prompts + held_out, seed, snippet_chars, sources)
-    train_prompts, test_prompts = prompts[:num_prompts], prompts[num_prompts:]
+    examples = chat_examples(num_prompts + held_out, seed, snippet_chars, sources)
+    train, test_prompts = examples[:num_prompts], [m for m, _ in examples[num_prompts:]]
     ecfg = EngineConfig(
         device=device,
         exact=False,
@@ -310,7 +333,7 @@ def distill(
         max_tokens_per_round=max(2048, max_lanes * 8),
         kv_cache_bytes=(8 * 2**30 if device.startswith("cuda") else 512 * 2**20),
     )
-    data = teacher_data(target, train_prompts, new_tokens, ecfg, seed, log)
+    data = teacher_data(target, train, num_answered, new_tokens, ecfg, seed, log)
     teacher_seconds = time.perf_counter() - started
     vocab = choose_vocab(data, draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)
     scfg = ModelConfig.from_hf(hf_config(tcfg, num_layers=1))
@@ -333,14 +356,19 @@ def distill(
         for g in opt.param_groups:
             g["lr"] = lr_now
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-            loss, agree = batch_loss(head, rng.sample(data, min(batch, len(data))), depth, max_len, rng)
+            loss, agree = batch_loss(
+                head, rng.sample(data, min(batch, len(data))), depth, max_len, rng
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.params.values(), 1.0)
         opt.step()
         losses.append(loss.item())
         agreements.append(agree)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", agree="/".join(f"{a:.2f}" for a in agree))
+        shown = "/".join(f"{a:.2f}" for a in agree)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", agree=shown)
+        if step % 100 == 0:
+            log(f"step {step} loss {losses[-1]:.3f} top-1 agreement per pass {shown}")
     train_seconds = time.perf_counter() - started - teacher_seconds
     save(head, scfg, out)
     report = {
@@ -349,7 +377,8 @@ def distill(
         "target_fingerprint": target.fingerprint,
         "shared_with_target": ["model.embed_tokens.weight"],
         "draft_vocab": len(vocab),
-        "train_prompts": len(train_prompts),
+        "train_sequences": len(train),
+        "answered_by_target": min(num_answered, len(train)),
         "train_tokens": sum(len(ex.ids) for ex in data),
         "corpus": {k: len(v) for k, v in sources.items()},
         "new_tokens": new_tokens,
@@ -400,7 +429,9 @@ def held_out_acceptance(
         kept = sum(c.num_accepted for c in drafted)
         result[name] = {
             "accepted_per_verify": round(kept / max(1, steps), 3),
-            "tokens_per_target_step": round(sum(len(c.token_ids) for c in drafted) / max(1, steps), 3),
+            "tokens_per_target_step": round(
+                sum(len(c.token_ids) for c in drafted) / max(1, steps), 3
+            ),
             "drafted_equals_undrafted": all(
                 a.token_ids == b.token_ids for a, b in zip(drafted, plain, strict=True)
             ),
@@ -437,6 +468,8 @@ def plot_losses(losses: list[float], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(losses)
-    ax.set(xlabel="step", ylabel="loss (soft CE + feature)", title="lanes distill (EAGLE-style head)")
+    ax.set(
+        xlabel="step", ylabel="loss (soft CE + feature)", title="lanes distill (EAGLE-style head)"
+    )
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -144,6 +144,7 @@ def _distill(args: argparse.Namespace) -> int:
         args.target,
         Path(args.out),
         num_prompts=args.prompts,
+        num_answered=args.answered,
         held_out=args.held_out,
         new_tokens=args.new_tokens,
         depth=args.depth,
@@ -208,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     dist = sub.add_parser("distill", help="train a drafter for a target on its own outputs")
     dist.add_argument("--target", default=None, help="target model (default: SmolLM2)")
     dist.add_argument("--out", required=True, help="directory for the drafter")
-    dist.add_argument("--prompts", type=int, default=1024, help="training prompts")
+    dist.add_argument("--prompts", type=int, default=1024, help="training sequences")
+    dist.add_argument(
+        "--answered", type=int, default=256, help="of them, prompts the target answers itself"
+    )
     dist.add_argument("--held-out", type=int, default=32, help="prompts for the acceptance check")
     dist.add_argument("--new-tokens", type=int, default=128, help="tokens the target answers")
     dist.add_argument("--depth", type=int, default=3, help="draft steps unrolled in training")
@@ -219,7 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--max-lanes", type=int, default=64, help="target lanes making the data")
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument(
-        "--max-train-seconds", type=float, default=0, help="stop training after this long (0: no cap)"
+        "--max-train-seconds",
+        type=float,
+        default=0,
+        help="stop training after this long (0: no cap)",
     )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)

@@ -26,6 +26,7 @@ def test_distill_toy(tiny_models, tmp_path):
         str(target),
         out,
         num_prompts=8,
+        num_answered=4,
         held_out=2,
         new_tokens=8,
         steps=40,
@@ -133,7 +134,9 @@ def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_pa
         SamplingParams(max_tokens=20, ignore_eos=True),
         SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, seed=5),
     ]
-    plain = Engine(str(target_dir)).generate(prompts, [dataclasses.replace(p, draft=False) for p in params])
+    plain = Engine(str(target_dir)).generate(
+        prompts, [dataclasses.replace(p, draft=False) for p in params]
+    )
     engine = Engine(str(target_dir), EngineConfig(drafter=str(out)))
     for _ in range(2):  # the second pass hits the prompt cache
         drafted = engine.generate(prompts, params)

@@ -42,7 +42,9 @@ class Decoder:
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, head_dim / 2]
         residual = self._embed(batch.input_ids)  # [n, hidden]
         if w.fuse is not None:  # EAGLE-style drafter: token embedding + the target's feature
-            residual = ops.linear(torch.cat([residual, batch.features.to(residual.dtype)], -1), w.fuse)
+            residual = ops.linear(
+                torch.cat([residual, batch.features.to(residual.dtype)], -1), w.fuse
+            )
         x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
             qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size]
