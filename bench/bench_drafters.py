@@ -125,7 +125,9 @@ def main() -> None:
         "dtype": cfg.torch_dtype_name,
         "batch": 1,
         "prompts": len(chats),
-        "prompt_set": f"{args.chat_prompts} corpus chat prompts" if args.chat_prompts else "built-in",
+        "prompt_set": f"{args.chat_prompts} corpus chat prompts"
+        if args.chat_prompts
+        else "built-in",
         "new_tokens": args.new_tokens,
         "num_draft_tokens": cfg.num_draft_tokens,
         "repeats": args.repeats,

@@ -173,11 +173,11 @@ class EagleHead(torch.nn.Module):
         group = cfg.num_heads // cfg.num_kv_heads
         passes_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         guesses = []
-        for d in range(depth):
+        for _ in range(depth):
             x = torch.cat([tok, feat], dim=-1) @ self.p(FUSE).T
             y = self._norm(x, self.p(p + "input_layernorm.weight"))
 
-            def heads(w, n):
+            def heads(w, n, y=y):
                 return (y @ self.p(p + w).T).view(b, rows, n, -1).transpose(1, 2)
 
             q = self._rope(heads("self_attn.q_proj.weight", cfg.num_heads), rows)
