@@ -59,11 +59,12 @@ def teacher_data(
     seed: int,
     log,
     sampled_every: int = 2,
-) -> list[Example]:
+    max_seconds: float = 0.0,
+) -> tuple[list[Example], int]:
     """Sequences, then the target's features and top-k targets at every position (one prefill
     per batch). The first `num_answered` sequences are prompts the target answers itself (every
-    `sampled_every`-th one sampled); the rest, cheaper to make, are a prompt followed by the
-    source text that comes after its snippet."""
+    `sampled_every`-th one sampled; after `max_seconds`, answers stop where they are); the rest,
+    cheaper to make, are a prompt followed by the source text that comes after its snippet."""
     from lanes import Engine
 
     engine = Engine(checkpoint=target, config=config)
@@ -75,11 +76,17 @@ def teacher_data(
         for i in range(len(prompts))
     ]
     started = time.perf_counter()
-    outs = engine.generate(prompts, params) if prompts else []
-    seqs = [o.prompt_ids + o.token_ids for o in outs]
+    lanes = [engine.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    while engine.has_work():
+        if max_seconds and time.perf_counter() - started > max_seconds:
+            for lane in lanes:  # out of time: keep the answers as far as they got
+                engine.cancel(lane.request_id)
+        engine.step()
+    seqs = [lane.all_ids() for lane in lanes if lane.output_ids]
+    num_answers = len(seqs)
     log(
-        f"teacher: {len(seqs)} answers, {sum(len(o.token_ids) for o in outs)} new tokens in "
-        f"{time.perf_counter() - started:.1f} s"
+        f"teacher: {len(seqs)} answers, {sum(len(lane.output_ids) for lane in lanes)} new tokens "
+        f"in {time.perf_counter() - started:.1f} s"
     )
     tok = target.tokenizer
     for messages, following in examples[num_answered:]:
@@ -113,7 +120,7 @@ def teacher_data(
         f"teacher: features of {len(data)} sequences, {sum(len(ex.ids) for ex in data)} tokens "
         f"after {time.perf_counter() - started:.1f} s"
     )
-    return data
+    return data, num_answers
 
 
 class EagleHead(torch.nn.Module):
@@ -312,6 +319,8 @@ def distill(
     snippet_chars: int = 600,
     corpus: tuple[str, ...] = ("pydoc", "shakespeare"),
     max_train_seconds: float = 0.0,
+    max_teacher_seconds: float = 0.0,
+    answered_share: float = 0.5,
     log=print,
 ) -> dict:
     torch.manual_seed(seed)
@@ -327,13 +336,17 @@ def distill(
     train, test_prompts = examples[:num_prompts], [m for m, _ in examples[num_prompts:]]
     ecfg = EngineConfig(
         device=device,
-        exact=False,
+        # on CUDA, exact mode runs decode as CUDA graphs: far faster answers than eager torch
+        exact=device.startswith("cuda"),
         prompt_cache_bytes=0,
         max_lanes=max_lanes,
         max_tokens_per_round=max(2048, max_lanes * 8),
         kv_cache_bytes=(8 * 2**30 if device.startswith("cuda") else 512 * 2**20),
     )
-    data = teacher_data(target, train, num_answered, new_tokens, ecfg, seed, log)
+    data, num_answers = teacher_data(
+        target, train, num_answered, new_tokens, ecfg, seed, log, max_seconds=max_teacher_seconds
+    )
+    answered = data[:num_answers]  # the target's own answers come first
     teacher_seconds = time.perf_counter() - started
     vocab = choose_vocab(data, draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)
     scfg = ModelConfig.from_hf(hf_config(tcfg, num_layers=1))
@@ -342,6 +355,14 @@ def distill(
     rng = random.Random(seed)
     losses, agreements = [], []
     from huggingface_hub.utils import tqdm
+
+    def pick() -> list[Example]:
+        # the target's own answers are what the drafter meets when serving: a fixed share of
+        # every batch, however few of them there are
+        mine = round(batch * answered_share) if answered else 0
+        return [rng.choice(answered) for _ in range(mine)] + [
+            rng.choice(data) for _ in range(batch - mine)
+        ]
 
     bar = tqdm(range(steps), desc="distill", unit="step", disable=None)
     train_start = time.perf_counter()
@@ -356,9 +377,7 @@ def distill(
         for g in opt.param_groups:
             g["lr"] = lr_now
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-            loss, agree = batch_loss(
-                head, rng.sample(data, min(batch, len(data))), depth, max_len, rng
-            )
+            loss, agree = batch_loss(head, pick(), depth, max_len, rng)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.params.values(), 1.0)
@@ -378,7 +397,9 @@ def distill(
         "shared_with_target": ["model.embed_tokens.weight"],
         "draft_vocab": len(vocab),
         "train_sequences": len(train),
-        "answered_by_target": min(num_answered, len(train)),
+        "answered_by_target": len(answered),
+        "answered_tokens": sum(len(ex.ids) for ex in answered),
+        "answered_share_of_batch": answered_share,
         "train_tokens": sum(len(ex.ids) for ex in data),
         "corpus": {k: len(v) for k, v in sources.items()},
         "new_tokens": new_tokens,
@@ -392,11 +413,11 @@ def distill(
         "losses": [round(x, 4) for x in losses],
     }
     (out / "drafter.json").write_text(json.dumps(report, indent=2) + "\n")
-    acceptance = held_out_acceptance(target, out, test_prompts, new_tokens, device)
-    report["held_out"] = acceptance
+    plot_losses(losses, out / "loss.png")
+    if test_prompts:
+        report["held_out"] = held_out_acceptance(target, out, test_prompts, new_tokens, device)
     report["seconds"] = round(time.perf_counter() - started, 1)
     (out / "drafter.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot_losses(losses, out / "loss.png")
     return report
 
 

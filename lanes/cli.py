@@ -156,6 +156,7 @@ def _distill(args: argparse.Namespace) -> int:
         max_lanes=args.max_lanes,
         seed=args.seed,
         max_train_seconds=args.max_train_seconds,
+        max_teacher_seconds=args.max_teacher_seconds,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     summary = {k: v for k, v in report.items() if k != "losses"}
@@ -227,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0,
         help="stop training after this long (0: no cap)",
+    )
+    dist.add_argument(
+        "--max-teacher-seconds",
+        type=float,
+        default=0,
+        help="stop the target's answers after this long",
     )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)
