@@ -257,6 +257,8 @@ def main() -> None:
     ap.add_argument("--sections", default="spec,share,c64,hf")
     ap.add_argument("--tiny", action="store_true", help="small grids and lengths (CPU test)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--accs", default=None, help="spec: acceptances, e.g. 0.8 (default: a grid)")
+    ap.add_argument("--ks", default=None, help="spec: draft lengths, e.g. 4 (default: a grid)")
     args = ap.parse_args()
     tiny = args.tiny
     tc, dc = SHAPES[args.target], SHAPES[args.drafter]
@@ -287,6 +289,10 @@ def main() -> None:
             cfg.replace(draft_kv_cache_bytes=2**26 if tiny else 8 * 2**30),
         )
         accs, ks = ((0.5, 0.9), (1, 4)) if tiny else ((0.5, 0.6, 0.7, 0.8, 0.9), (1, 2, 4, 8))
+        if args.accs:
+            accs = tuple(float(a) for a in args.accs.split(","))
+        if args.ks:
+            ks = tuple(int(k) for k in args.ks.split(","))
         report["spec"] = section_spec(
             engine, drafter, tc.vocab_size, 16 if tiny else 128, 1 if tiny else 2, accs, ks
         )

@@ -3,6 +3,8 @@ retried. Prints the tokens the prompt cache kept after each cancellation, the re
 against a fresh run's, and whether the outputs' token SHA-256 match.
 
     python bench/cancel_receipt.py [--model M] [--device cpu] [--prompt-tokens 2048] [--after 1.0]
+    python -m bench.cancel_receipt --device cuda --shape llama-3.1-8b --prompt-tokens 32768 \
+        --prefill-chunk 2048
 
 Writes bench/results/cancel-receipt-<device>.json.
 """
@@ -50,11 +52,23 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=2048)
     ap.add_argument("--after", type=float, default=1.0, help="seconds before each cancellation")
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--shape", default=None, help="a random-weight model of this shape (GPU)")
+    ap.add_argument("--prefill-chunk", type=int, default=128)
     args = ap.parse_args()
 
-    engine = Engine(args.model, EngineConfig(device=args.device, prefill_chunk=128))
-    text = " ".join(pydoc_data.topics.topics.values())
-    prompt = engine.tokenizer.encode(text)[: args.prompt_tokens]
+    config = EngineConfig(device=args.device, prefill_chunk=args.prefill_chunk)
+    if args.shape:  # no weights on the GPU machine: a random model of a real shape
+        from bench.shapes import SHAPES, id_tokenizer, random_checkpoint, synthetic_prompt
+
+        shape = SHAPES[args.shape]
+        ckpt = random_checkpoint(shape, args.device, tokenizer=id_tokenizer(shape.vocab_size))
+        config = config.replace(kv_cache_bytes=32 * 2**30, prompt_cache_bytes=16 * 2**30)
+        engine = Engine(checkpoint=ckpt, config=config)
+        prompt = synthetic_prompt(shape.vocab_size, args.prompt_tokens, 7)
+    else:
+        engine = Engine(args.model, config)
+        text = " ".join(pydoc_data.topics.topics.values())
+        prompt = engine.tokenizer.encode(text)[: args.prompt_tokens]
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
 
     fresh, fresh_ttft = run(engine, prompt, params, salt="fresh")
@@ -91,7 +105,8 @@ def main() -> None:
     print(
         f"  token sha256 fresh {result['fresh_sha']} retry {result['retry_sha']} equal={result['outputs_equal']}"
     )
-    out = Path(__file__).parent / "results" / f"cancel-receipt-{args.device}.json"
+    tag = f"-{args.shape}" if args.shape else ""
+    out = Path(__file__).parent / "results" / f"cancel-receipt{tag}-{args.device}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 

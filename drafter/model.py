@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -11,6 +12,7 @@ from cache.block_table import BlockTable
 from cache.kv_pool import KVPool
 from drafter.base import Draft, Proposer
 from lanes.config import ConfigError, EngineConfig
+from lanes.graphs import MAX_TOKENS_PER_LANE
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.ops import make_ops
@@ -129,17 +131,24 @@ class ModelDrafter(Proposer):
             if k > 0 and self._reserve(shadow, lane.num_known + k - 1):
                 wanted[lane.request_id] = k
         # First forward: catch up to the known tokens and draft one; then one token per forward.
-        steps = [
-            Step(sh, sh.num_computed, sh.num_known, num_logits=1)
-            for rid, sh in self.shadows.items()
-            if rid in wanted
-        ]
+        # With CUDA graphs the catch-up asks logits of every row (only the last is used): a
+        # step whose rows all yield logits fits a graph bucket instead of running eagerly.
+        graphs = self.runner.graphs is not None
+
+        def catch_up(sh: _Shadow) -> Step:
+            n = sh.num_known - sh.num_computed
+            every_row = graphs and n <= MAX_TOKENS_PER_LANE
+            return Step(sh, sh.num_computed, sh.num_known, num_logits=n if every_row else 1)
+
+        steps = [catch_up(sh) for rid, sh in self.shadows.items() if rid in wanted]
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
             logits = self.runner.execute(steps)
+            last_rows = list(itertools.accumulate(s.num_logits for s in steps))
             next_steps = []
-            for row, step in enumerate(steps):
+            for step, end in zip(steps, last_rows, strict=True):
+                row = end - 1
                 shadow, lane = step.lane, step.lane.lane
                 shadow.num_computed = step.end
                 position = lane.num_known + j

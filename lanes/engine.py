@@ -199,6 +199,13 @@ class Engine:
                 continue
             ended += self._run_forward(group)
             self._drafter_prefill(s for s in group if id(s) not in decode_steps)
+            if self.config.device.startswith("cuda") and any(
+                id(s) not in decode_steps for s in group
+            ):
+                # Prefill chunks sample nothing, so nothing else makes the host wait for them:
+                # without this, the host queues a whole long prompt in milliseconds and a cancel
+                # arriving later saves no GPU time. Waiting costs only the host's planning time.
+                torch.cuda.synchronize(self.config.device)
             num_forwards += 1
             num_decode += sum(s.num_tokens for s in group if id(s) in decode_steps)
             num_prefill += sum(s.num_tokens for s in group if id(s) not in decode_steps)
