@@ -228,6 +228,8 @@ def markdown(report: dict) -> str:
             f"exactness: drafted==undrafted {e['drafted_equals_undrafted']}/{e['of']}, concurrent==solo {e['concurrent_equals_solo']}/{e['of']}, resumed==fresh {e['resumed_equals_fresh']}/{e['of']}",
             "",
         ]
+    if report.get("server_peak_memory_bytes") is not None:
+        lines += [f"server peak memory: {report['server_peak_memory_bytes'] / 2**30:.2f} GiB", ""]
     return "\n".join(lines)
 
 
@@ -276,8 +278,27 @@ async def run(args) -> dict:
             min(max_len - 64, 3000 if args.tiny else 32768), args.cancel_after, 8
         )
         save()
+    report["server_peak_memory_bytes"] = await asyncio.to_thread(server_peak_memory, args.base_url)
+    save()
     await b.client.close()
     return report
+
+
+def server_peak_memory(base_url: str) -> float | None:
+    """The server's peak memory from its Prometheus /metrics (lanes: `lanes_peak_memory_bytes`,
+    GPU bytes on CUDA); None where the server does not publish it."""
+    import urllib.request
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(root + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("lanes_peak_memory_bytes "):
+            return float(line.split()[1])
+    return None
 
 
 def main() -> None:

@@ -51,3 +51,15 @@ class EngineMetrics:
         self.prefill_tokens += record.prefill_tokens
         self.decode_tokens += record.decode_tokens
         self.busy_seconds += record.seconds
+
+
+def peak_memory_bytes(device: str) -> int:
+    """The most memory this process has held: bytes torch allocated on a CUDA device, else the
+    peak resident set (Linux reports it in KiB)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

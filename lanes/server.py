@@ -19,6 +19,7 @@ from starlette.routing import Route
 from cache.block_pool import IntegrityError
 from lanes.async_engine import AsyncEngine, Delta, Failed, Finished, RequestHandle
 from lanes.engine import Engine, RequestError
+from lanes.metrics import peak_memory_bytes
 from lanes.openai_api import (
     ApiError,
     ParsedRequest,
@@ -68,6 +69,7 @@ class ServerMetrics:
                 "kv_blocks_used": "KV blocks in use (lanes and prompt cache)",
                 "kv_blocks_total": "KV blocks in the pool",
                 "kv_integrity_ok": "1 if the block bookkeeping checks out",
+                "peak_memory_bytes": "Peak GPU memory allocated (CUDA), else peak resident set",
             }.items()
         }
 
@@ -102,6 +104,7 @@ def kv_report(engine: Engine) -> dict:
         "draft_acceptance_rate": engine.metrics.acceptance_rate,
         "prefill_share": engine.metrics.achieved_prefill_share,
         "prompt_cache_bytes": engine.cache.num_cached * engine.bytes_per_block,
+        "peak_memory_bytes": peak_memory_bytes(engine.config.device),
     }
 
 
@@ -201,6 +204,7 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
         g["kv_blocks_used"].set(report["blocks_total"] - report["blocks_free"])
         g["kv_blocks_total"].set(report["blocks_total"])
         g["kv_integrity_ok"].set(1.0 if report["integrity"] == "ok" else 0.0)
+        g["peak_memory_bytes"].set(report["peak_memory_bytes"])
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
     app = Starlette(

@@ -46,3 +46,4 @@ def test_bench_openai_tiny(long_model_dir, tmp_path):
     assert all(r["outputs_equal"] for r in retries)
     assert retries[1]["retry_cached_tokens"] >= retries[0]["retry_cached_tokens"] > 0
     assert "| concurrency |" in bench_openai.markdown(report)
+    assert report["server_peak_memory_bytes"] > 2**20  # the server published its peak memory
