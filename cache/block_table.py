@@ -12,12 +12,15 @@ class BlockTable:
         block:     7          | 2          | 9
         slot:     28 29 30 31 | 8  9 10 11 |36 37 38 39
 
-    The table only records ids; the pool owns them (see BlockPool).
+    The table only records ids; the pool owns them (see BlockPool). It keeps the slot of every
+    position it can hold, so that `slots` (asked for a lane's whole context at every decode
+    step) is a list slice rather than a per-position computation in Python.
     """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.blocks: list[int] = []
+        self._slots: list[int] = []  # slot of each position < capacity
 
     @property
     def capacity(self) -> int:
@@ -29,22 +32,26 @@ class BlockTable:
         return max(0, need - len(self.blocks))
 
     def append(self, blocks: list[int]) -> None:
+        bs = self.block_size
         self.blocks.extend(blocks)
+        for b in blocks:
+            self._slots.extend(range(b * bs, (b + 1) * bs))
 
     def slots(self, start: int, end: int) -> list[int]:
         """Slots of positions [start, end); all must be within capacity."""
         if end > self.capacity:
             raise IndexError(f"positions up to {end} with capacity {self.capacity}")
-        bs = self.block_size
-        return [self.blocks[p // bs] * bs + p % bs for p in range(start, end)]
+        return self._slots[start:end]
 
     def truncate(self, num_tokens: int) -> list[int]:
         """Keep the blocks that hold positions < num_tokens; return the others (to release)."""
         keep = -(-num_tokens // self.block_size)
         surplus, self.blocks = self.blocks[keep:], self.blocks[:keep]
+        del self._slots[keep * self.block_size :]
         return surplus
 
     def clear(self) -> list[int]:
         """Forget every block and return them (for the caller to release)."""
         blocks, self.blocks = self.blocks, []
+        self._slots = []
         return blocks

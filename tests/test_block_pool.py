@@ -84,3 +84,17 @@ def test_block_table_slots():
     with pytest.raises(IndexError):
         table.slots(0, 13)
     assert table.clear() == [7, 2, 9] and table.capacity == 0
+
+
+def test_block_table_slots_follow_truncate_and_regrowth():
+    """The kept slot list tracks truncation (rejected drafts) and new blocks after it."""
+    table = BlockTable(block_size=4)
+    table.append([7, 2, 9])
+    assert table.truncate(5) == [9]  # positions < 5 live in blocks 7 and 2
+    with pytest.raises(IndexError):
+        table.slots(0, 9)
+    table.append([5])
+    assert table.slots(0, 12) == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21, 22, 23]
+    table.clear()
+    table.append([1])
+    assert table.slots(0, 4) == [4, 5, 6, 7]
