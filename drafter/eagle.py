@@ -95,7 +95,7 @@ class _Shadow:
     fewer than the lane has tokens. `features` are the target's, for the rows from
     `num_computed` on."""
 
-    def __init__(self, lane: Lane, block_size: int, hidden_size: int) -> None:
+    def __init__(self, lane: Lane, block_size: int) -> None:
         self.lane = lane
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
@@ -138,14 +138,13 @@ class EagleDrafter(Proposer):
         self.pool = BlockPool(num_blocks)
         self.runner = build_runner(decoder, num_blocks, config, dtype)
         self.vocab_size = mc.vocab_size
-        self.hidden_size = mc.hidden_size
         self.shadows: dict[int, _Shadow] = {}
         self._zero = torch.zeros((1, mc.hidden_size), dtype=dtype, device=config.device)
 
     def _shadow(self, lane: Lane) -> _Shadow:
         shadow = self.shadows.get(lane.request_id)
         if shadow is None:
-            shadow = _Shadow(lane, self.config.block_size, self.hidden_size)
+            shadow = _Shadow(lane, self.config.block_size)
             self.shadows[lane.request_id] = shadow
         return shadow
 

@@ -146,3 +146,19 @@ def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_pa
     engine.check_integrity()
     engine.proposer.check_integrity()
     assert engine.proposer.pool.num_used == 0
+
+
+def test_eagle_dir_for_another_target_is_refused(tiny_models, tmp_path):
+    """A drafter made for a target of another width is refused with a message, not a crash."""
+    import pytest
+
+    from lanes.config import ConfigError
+
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 256)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["hidden_size"] *= 2
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="hidden size"):
+        Engine(str(target_dir), EngineConfig(drafter=str(out)))
