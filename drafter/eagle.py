@@ -56,6 +56,11 @@ def load_eagle_decoder(
     """The drafter's one-layer decoder (LM head: the target's embedding rows) and its vocab."""
     cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     tcfg = target.config
+    if not tcfg.tie_word_embeddings:
+        raise ConfigError(
+            f"drafter {path} uses the target's embedding as its LM head; this target's LM head "
+            "is untied"
+        )
     if (cfg.hidden_size, cfg.vocab_size) != (tcfg.hidden_size, tcfg.vocab_size):
         raise ConfigError(
             f"drafter {path} was made for a target of hidden size {cfg.hidden_size} and "

@@ -162,3 +162,58 @@ def test_eagle_dir_for_another_target_is_refused(tiny_models, tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="hidden size"):
         Engine(str(target_dir), EngineConfig(drafter=str(out)))
+
+
+def test_eagle_drafter_survives_preemption_cancellation_and_a_full_pool(tiny_models, tmp_path):
+    """400 rounds of arrivals, cancellations, target preemptions (small KV pool) and a drafter
+    pool too small for every lane: blocks never leak, and every request that ran to its end
+    equals its undrafted solo run (greedy or seeded)."""
+    import random
+
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 384)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 380) for _ in range(rng.randint(3, 40))] for _ in range(10)]
+    engine = Engine(
+        str(target_dir),
+        EngineConfig(
+            drafter=str(out), kv_cache_bytes=2**16, max_lanes=6, draft_kv_cache_bytes=2**15
+        ),
+    )
+    base = Engine(str(target_dir))
+    asked, finished, live = {}, {}, []
+    for _ in range(400):
+        if rng.random() < 0.25:
+            params = SamplingParams(
+                max_tokens=rng.randint(1, 40),
+                ignore_eos=True,
+                temperature=rng.choice([0.0, 0.9]),
+                seed=rng.randrange(100),
+            )
+            prompt = rng.choice(prompts)
+            rid = engine.add_request(prompt, params)
+            asked[rid] = (prompt, params)
+            live.append(rid)
+        if live and rng.random() < 0.05:
+            engine.cancel(live.pop(rng.randrange(len(live))))
+        for c in engine.step():
+            if c.request_id in live:
+                live.remove(c.request_id)
+            if c.finish_reason == "length":
+                finished[c.request_id] = c.token_ids
+        engine.check_integrity()
+        engine.proposer.check_integrity()
+    while engine.has_work():
+        for c in engine.step():
+            if c.finish_reason == "length":
+                finished[c.request_id] = c.token_ids
+    engine.check_integrity()
+    assert not engine.proposer.shadows and engine.proposer.pool.num_used == 0
+    assert engine.metrics.num_drafted > 100 and len(finished) > 20
+    assert engine.metrics.num_preemptions > 0  # the small pool did preempt lanes
+    for rid, tokens in finished.items():
+        prompt, params = asked[rid]
+        assert (
+            tokens == base.generate([prompt], dataclasses.replace(params, draft=False))[0].token_ids
+        )
