@@ -18,7 +18,10 @@ the row's position (soft cross-entropy over the top-k) and, lightly, its next fe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gzip
+import hashlib
 import json
 import math
 import random
@@ -50,7 +53,7 @@ class Example:
     top_logprobs: torch.Tensor  # [T, TOP_K]
 
 
-def teacher_data(
+def teacher_answers(
     target: Checkpoint,
     examples: list[tuple[list[dict], str]],
     num_answered: int,
@@ -58,16 +61,18 @@ def teacher_data(
     config: EngineConfig,
     seed: int,
     log,
-    sampled_every: int = 2,
     max_seconds: float = 0.0,
-) -> tuple[list[Example], int]:
-    """Sequences, then the target's features and top-k targets at every position (one prefill
-    per batch). The first `num_answered` sequences are prompts the target answers itself (every
-    `sampled_every`-th one sampled; after `max_seconds`, answers stop where they are); the rest,
-    cheaper to make, are a prompt followed by the source text that comes after its snippet."""
+    answers_file: Path | None = None,
+    sampled_every: int = 2,
+    engine=None,
+) -> list[list[int]]:
+    """The target's answers (prompt + answer ids) to the first `num_answered` prompts, every
+    `sampled_every`-th one sampled; after `max_seconds` they stop where they are. With
+    `answers_file`, answers made earlier (on any machine) are read from it and new ones are
+    appended to it as they finish."""
     from lanes import Engine
 
-    engine = Engine(checkpoint=target, config=config)
+    engine = engine or Engine(checkpoint=target, config=config)
     prompts = [messages for messages, _ in examples[:num_answered]]
     params = [
         SamplingParams(max_tokens=new_tokens, temperature=SAMPLED_TEMPERATURE, seed=seed + i)
@@ -76,18 +81,70 @@ def teacher_data(
         for i in range(len(prompts))
     ]
     started = time.perf_counter()
-    lanes = [engine.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
-    while engine.has_work():
-        if max_seconds and time.perf_counter() - started > max_seconds:
-            for lane in lanes:  # out of time: keep the answers as far as they got
-                engine.cancel(lane.request_id)
-        engine.step()
-    seqs = [lane.all_ids() for lane in lanes if lane.output_ids]
-    num_answers = len(seqs)
+    keys = [answer_key(engine.encode(p), sp) for p, sp in zip(prompts, params, strict=True)]
+    stored = read_answers(answers_file)
+    lanes = {
+        i: engine.submit(p, sp)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        if keys[i] not in stored
+    }
+    by_request = {lane.request_id: i for i, lane in lanes.items()}
+    writing = answers_file is not None and lanes
+    with gzip.open(answers_file, "at") if writing else contextlib.nullcontext() as sink:
+        while engine.has_work():
+            if max_seconds and time.perf_counter() - started > max_seconds:
+                for lane in lanes.values():  # out of time: keep the answers as far as they got
+                    engine.cancel(lane.request_id)
+            for c in engine.step():
+                if sink is not None and c.finish_reason != "cancelled":
+                    i = by_request[c.request_id]
+                    sink.write(json.dumps({"key": keys[i], "ids": lanes[i].all_ids()}) + "\n")
+                    sink.flush()
+    seqs = []
+    for i, key in enumerate(keys):
+        if key in stored:
+            seqs.append(stored[key])
+        elif lanes[i].output_ids:
+            seqs.append(lanes[i].all_ids())
     log(
-        f"teacher: {len(seqs)} answers, {sum(len(lane.output_ids) for lane in lanes)} new tokens "
-        f"in {time.perf_counter() - started:.1f} s"
+        f"teacher: {len(seqs)} answers ({sum(k in stored for k in keys)} read back), "
+        f"{sum(len(lane.output_ids) for lane in lanes.values())} new tokens made in "
+        f"{time.perf_counter() - started:.1f} s"
     )
+    return seqs
+
+
+def teacher_data(
+    target: Checkpoint,
+    examples: list[tuple[list[dict], str]],
+    num_answered: int,
+    new_tokens: int,
+    config: EngineConfig,
+    seed: int,
+    log,
+    max_seconds: float = 0.0,
+    answers_file: Path | None = None,
+) -> tuple[list[Example], int]:
+    """Sequences, then the target's features and top-k targets at every position (one prefill
+    per batch): first the target's own answers (teacher_answers), then, cheaper to make, prompts
+    followed by the source text that comes after their snippet."""
+    from lanes import Engine
+
+    engine = Engine(checkpoint=target, config=config)
+    started = time.perf_counter()
+    seqs = teacher_answers(
+        target,
+        examples,
+        num_answered,
+        new_tokens,
+        config,
+        seed,
+        log,
+        max_seconds,
+        answers_file,
+        engine=engine,
+    )
+    num_answers = len(seqs)
     tok = target.tokenizer
     for messages, following in examples[num_answered:]:
         seqs.append(engine.encode(messages) + tok.encode(following, add_special_tokens=False))
@@ -121,6 +178,27 @@ def teacher_data(
         f"after {time.perf_counter() - started:.1f} s"
     )
     return data, num_answers
+
+
+def answer_key(prompt_ids: list[int], params: SamplingParams) -> str:
+    """What an answer depends on (besides the target): prompt ids and sampling parameters."""
+    what = [prompt_ids, params.temperature, params.seed, params.max_tokens]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
+
+
+def read_answers(path: Path | None) -> dict[str, list[int]]:
+    """key -> prompt + answer ids, from a gzipped JSON-lines answers file (absent: none)."""
+    if path is None or not Path(path).is_file():
+        return {}
+    out = {}
+    with gzip.open(path, "rt") as f:
+        try:
+            for line in f:
+                record = json.loads(line)
+                out[record["key"]] = record["ids"]
+        except (EOFError, gzip.BadGzipFile, json.JSONDecodeError):
+            pass  # a run cut off mid-write: what came before it is good
+    return out
 
 
 class EagleHead(torch.nn.Module):
@@ -321,6 +399,8 @@ def distill(
     max_train_seconds: float = 0.0,
     max_teacher_seconds: float = 0.0,
     answered_share: float = 0.5,
+    answers_file: Path | None = None,
+    answers_only: bool = False,
     log=print,
 ) -> dict:
     torch.manual_seed(seed)
@@ -343,8 +423,31 @@ def distill(
         max_tokens_per_round=max(2048, max_lanes * 8),
         kv_cache_bytes=(8 * 2**30 if device.startswith("cuda") else 512 * 2**20),
     )
+    if answers_only:  # make (or complete) the answers file, nothing else
+        if answers_file is None:
+            raise ValueError("--answers-only needs --answers FILE")
+        teacher_answers(
+            target,
+            train,
+            num_answered,
+            new_tokens,
+            ecfg,
+            seed,
+            log,
+            max_teacher_seconds,
+            answers_file,
+        )
+        return {"answers_file": str(answers_file), "answers": len(read_answers(answers_file))}
     data, num_answers = teacher_data(
-        target, train, num_answered, new_tokens, ecfg, seed, log, max_seconds=max_teacher_seconds
+        target,
+        train,
+        num_answered,
+        new_tokens,
+        ecfg,
+        seed,
+        log,
+        max_seconds=max_teacher_seconds,
+        answers_file=answers_file,
     )
     answered = data[:num_answers]  # the target's own answers come first
     teacher_seconds = time.perf_counter() - started

@@ -157,6 +157,8 @@ def _distill(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_train_seconds=args.max_train_seconds,
         max_teacher_seconds=args.max_teacher_seconds,
+        answers_file=Path(args.answers) if args.answers else None,
+        answers_only=args.answers_only,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     summary = {k: v for k, v in report.items() if k != "losses"}
@@ -234,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0,
         help="stop the target's answers after this long",
+    )
+    dist.add_argument(
+        "--answers",
+        default=None,
+        help="gzipped JSON-lines file of the target's answers: read back, new ones appended",
+    )
+    dist.add_argument(
+        "--answers-only", action="store_true", help="only make the target's answers (--answers)"
     )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)

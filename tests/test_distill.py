@@ -217,3 +217,24 @@ def test_eagle_drafter_survives_preemption_cancellation_and_a_full_pool(tiny_mod
         assert (
             tokens == base.generate([prompt], dataclasses.replace(params, draft=False))[0].token_ids
         )
+
+
+def test_answers_file_is_written_then_read_back(tiny_models, tmp_path):
+    """Answers made once (say on a CPU box) are reused by a later run instead of regenerated,
+    and they are the target's own answers."""
+    from drafter.corpus import chat_examples, pydoc_texts
+    from drafter.distill import read_answers, teacher_answers
+    from lanes.models import open_checkpoint
+
+    target_dir, _ = tiny_models["smollm2"]
+    target = open_checkpoint(str(target_dir))
+    examples = chat_examples(4, 0, 60, {"pydoc": pydoc_texts()})
+    path = tmp_path / "answers.jsonl.gz"
+    config = EngineConfig()
+    made = teacher_answers(target, examples, 4, 6, config, 0, lambda m: None, answers_file=path)
+    assert len(read_answers(path)) == 4
+    logs = []
+    again = teacher_answers(target, examples, 4, 6, config, 0, logs.append, answers_file=path)
+    assert again == made and "(4 read back)" in logs[0] and "0 new tokens" in logs[0]
+    greedy = Engine(str(target_dir)).generate([examples[0][0]], SamplingParams(max_tokens=6))[0]
+    assert made[0] == greedy.prompt_ids + greedy.token_ids
