@@ -11,8 +11,14 @@ draft for position r + 2. Drafting k tokens feeds each guess back in as the next
 
 Only rows whose feature came from the target are kept (`num_computed`); rows fed with the
 drafter's own guesses are rewritten by the next catch-up. Positions whose features the drafter
-never saw (a prompt-cache hit) read zeros: a weaker draft, never a wrong output, since coupled
-verification keeps only what the target itself samples.
+never saw read zeros: a weaker draft, never a wrong output, since coupled verification keeps
+only what the target itself samples.
+
+Prompt-cache hits: a target block served from the prompt cache has no features this time, so
+the drafter keeps a cache of its own blocks, keyed by the target's block key chained with the
+one token after the block (a drafter row reads the next token): a lane whose prompt hits the
+target's cache finds the drafter's blocks for the same prefix. Only blocks computed entirely
+from real features are published.
 
 A drafter directory (`lanes distill`): config.json (a one-layer Llama config of the target's
 width), model.safetensors (layer 0, model.norm, eagle.fuse, optional eagle.vocab) and
@@ -21,6 +27,7 @@ drafter.json {"kind": "eagle", "shared_with_target": ["model.embed_tokens.weight
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from collections.abc import Sequence
@@ -32,6 +39,7 @@ from safetensors import safe_open
 from cache.block_pool import BlockPool
 from cache.block_table import BlockTable
 from cache.kv_pool import KVPool
+from cache.prompt_cache import PromptCache
 from drafter.base import Draft, Proposer
 from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.lane import Lane
@@ -105,6 +113,8 @@ class _Shadow:
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
         self.features: torch.Tensor | None = None  # [rows from num_computed, hidden]
+        self.zero_rows: set[int] = set()  # blocks with rows computed from zero features
+        self.num_published = 0  # leading blocks offered to the drafter's cache
 
     @property
     def num_known(self) -> int:
@@ -119,7 +129,12 @@ class _Shadow:
         need = end - self.num_computed
         if len(have) >= need:
             return have[:need]
+        self.mark_zero(self.num_computed + len(have), end)
         return torch.cat([have, like.new_zeros((need - len(have), like.shape[-1]))])
+
+    def mark_zero(self, start: int, end: int) -> None:
+        bs = self.block_table.block_size
+        self.zero_rows.update(range(start // bs, (end - 1) // bs + 1))
 
     def advance(self, end: int) -> None:
         """Rows < end are computed from the target's features."""
@@ -141,6 +156,7 @@ class EagleDrafter(Proposer):
         per_block = KVPool.bytes_per_block(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
         num_blocks = max(1, config.draft_kv_cache_bytes // per_block)
         self.pool = BlockPool(num_blocks)
+        self.cache = PromptCache(self.pool, "eagle", max_blocks=num_blocks // 2)
         self.runner = build_runner(decoder, num_blocks, config, dtype)
         self.vocab_size = mc.vocab_size
         self.shadows: dict[int, _Shadow] = {}
@@ -151,22 +167,50 @@ class EagleDrafter(Proposer):
         if shadow is None:
             shadow = _Shadow(lane, self.config.block_size)
             self.shadows[lane.request_id] = shadow
+            # the drafter's own cached blocks for the prefix the target found cached
+            usable = min(len(lane.block_keys), lane.num_computed // self.config.block_size)
+            blocks = self.cache.match(self._keys(lane, usable))
+            shadow.block_table.append(blocks)
+            shadow.num_computed = len(blocks) * self.config.block_size
+            shadow.num_published = len(blocks)
         return shadow
+
+    def _keys(self, lane: Lane, n: int) -> list[bytes]:
+        """Keys of the drafter's first n blocks: the target's block key and the next token."""
+        bs = self.config.block_size
+        next_tokens = lane.token_ids(bs, n * bs + 1)[::bs] if n else []  # positions bs, 2bs, ...
+        return [
+            hashlib.sha256(key + int(t).to_bytes(8, "little", signed=True)).digest()
+            for key, t in zip(lane.block_keys[:n], next_tokens, strict=False)
+        ]
+
+    def _publish(self, shadow: _Shadow) -> None:
+        """Offer the drafter's complete blocks that read only real features."""
+        lane, bs = shadow.lane, self.config.block_size
+        complete = min(shadow.num_computed // bs, len(lane.block_keys))
+        if complete <= shadow.num_published:
+            return
+        keys = self._keys(lane, complete)
+        for i in range(shadow.num_published, len(keys)):
+            if i not in shadow.zero_rows:
+                self.cache.publish(keys[i], shadow.block_table.blocks[i])
+        shadow.num_published = len(keys)
 
     def _reserve(self, shadow: _Shadow, end: int) -> bool:
         """Blocks for rows < end; when the pool is full, give the lane up (it starts over later,
         with zero features for what it missed) rather than take memory from the target."""
         need = shadow.block_table.blocks_needed(end)
-        if need > self.pool.num_free:
+        if need > self.cache.num_available:
             self.release(shadow.lane)
             return False
-        shadow.block_table.append(self.pool.allocate(need))
+        shadow.block_table.append(self.cache.allocate(need))
         return True
 
     def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
         shadow = self._shadow(lane)
         have = shadow.num_computed + (0 if shadow.features is None else len(shadow.features))
-        if start > have:  # positions the drafter never saw (prompt-cache hit): zeros
+        if start > have:  # positions the drafter never saw: zeros
+            shadow.mark_zero(have, start)
             gap = self._zero.expand(start - have, -1)
             hidden = torch.cat([gap, hidden])
             start = have
@@ -191,6 +235,7 @@ class EagleDrafter(Proposer):
             self.runner.execute(todo)
             for s in todo:
                 s.lane.advance(s.end)
+                self._publish(s.lane)
 
     def _full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary (-inf outside the drafter's subset)."""
@@ -227,6 +272,7 @@ class EagleDrafter(Proposer):
                 shadow, lane = step.lane, step.lane.lane
                 if j == 0:
                     shadow.advance(step.end)
+                    self._publish(shadow)
                 position = lane.num_known + j
                 token, lp = sample_row(logits[row], lane.params, position, lane.params.seed)
                 drafts[lane.request_id].append(token)
@@ -252,15 +298,13 @@ class EagleDrafter(Proposer):
     def accepted(self, lane: Lane) -> None:
         shadow = self.shadows.get(lane.request_id)
         if shadow is not None:  # rows past the newest known token held drafts
-            self.pool.release(shadow.block_table.truncate(shadow.num_known))
+            self.cache.release(shadow.block_table.truncate(shadow.num_known))
 
     def release(self, lane: Lane) -> None:
         shadow = self.shadows.pop(lane.request_id, None)
         if shadow is not None:
-            self.pool.release(shadow.block_table.clear())
+            self.cache.release(shadow.block_table.clear())
 
     def check_integrity(self) -> None:
-        self.pool.check_integrity()
-        owned = sum(len(sh.block_table.blocks) for sh in self.shadows.values())
-        if owned != self.pool.num_used:
-            raise AssertionError(f"drafter: {self.pool.num_used} blocks used, shadows own {owned}")
+        """Block refcounts: each shadow's, plus one for each block the drafter's cache keeps."""
+        self.cache.check_integrity(sh.block_table.blocks for sh in self.shadows.values())

@@ -145,7 +145,46 @@ def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_pa
     assert drafted[0].cached_tokens > 0
     engine.check_integrity()
     engine.proposer.check_integrity()
-    assert engine.proposer.pool.num_used == 0
+    assert not engine.proposer.shadows  # what stays is the drafter's own cache
+    assert engine.proposer.pool.num_used == engine.proposer.cache.num_cached > 0
+
+
+def _drafts_of_two_runs(target_dir, out, drafter_cache: bool):
+    engine = Engine(
+        str(target_dir), EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False)
+    )
+    if not drafter_cache:
+        engine.proposer.cache.max_blocks = 0  # publishes are declined
+    runs, calls = [], []
+    propose = engine.proposer.propose
+
+    def recording(lanes, num_drafts):
+        drafts = propose(lanes, num_drafts)
+        calls.append(drafts[0].token_ids)
+        return drafts
+
+    engine.proposer.propose = recording
+    prompt = list(range(10, 60))  # three full blocks of 16
+    for _ in range(2):
+        calls.clear()
+        out_ = engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+        runs.append((list(calls), out_.cached_tokens))
+    return runs
+
+
+def test_eagle_drafter_cache_gives_a_cached_prompt_the_same_drafts(tiny_models, tmp_path):
+    """The second run of a prompt hits the target's prompt cache (no features for those
+    positions); the drafter's own cache gives it the same drafts as the first run. Negative
+    control: without the drafter's cache the cached positions read zero features and the drafts
+    change."""
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 384)
+    (first, fresh_cached), (second, hit_cached) = _drafts_of_two_runs(target_dir, out, True)
+    assert fresh_cached == 0 and hit_cached >= 32 and len(first) > 3
+    assert second == first
+    (first, _), (second, _) = _drafts_of_two_runs(target_dir, out, False)
+    assert second != first
 
 
 def test_eagle_dir_for_another_target_is_refused(tiny_models, tmp_path):
