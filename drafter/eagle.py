@@ -113,7 +113,7 @@ class _Shadow:
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
         self.features: torch.Tensor | None = None  # [rows from num_computed, hidden]
-        self.zero_rows: set[int] = set()  # blocks with rows computed from zero features
+        self.zero_blocks: set[int] = set()  # blocks with rows computed from zero features
         self.num_published = 0  # leading blocks offered to the drafter's cache
 
     @property
@@ -134,7 +134,7 @@ class _Shadow:
 
     def mark_zero(self, start: int, end: int) -> None:
         bs = self.block_table.block_size
-        self.zero_rows.update(range(start // bs, (end - 1) // bs + 1))
+        self.zero_blocks.update(range(start // bs, (end - 1) // bs + 1))
 
     def advance(self, end: int) -> None:
         """Rows < end are computed from the target's features."""
@@ -167,8 +167,10 @@ class EagleDrafter(Proposer):
         if shadow is None:
             shadow = _Shadow(lane, self.config.block_size)
             self.shadows[lane.request_id] = shadow
-            # the drafter's own cached blocks for the prefix the target found cached
-            usable = min(len(lane.block_keys), lane.num_computed // self.config.block_size)
+            # the drafter's own cached blocks for the prefix the target found cached, leaving
+            # at least its newest known row to compute (propose needs that row's logits)
+            bs = self.config.block_size
+            usable = min(len(lane.block_keys), lane.num_computed // bs, (lane.num_known - 2) // bs)
             blocks = self.cache.match(self._keys(lane, usable))
             shadow.block_table.append(blocks)
             shadow.num_computed = len(blocks) * self.config.block_size
@@ -192,7 +194,7 @@ class EagleDrafter(Proposer):
             return
         keys = self._keys(lane, complete)
         for i in range(shadow.num_published, len(keys)):
-            if i not in shadow.zero_rows:
+            if i not in shadow.zero_blocks:
                 self.cache.publish(keys[i], shadow.block_table.blocks[i])
         shadow.num_published = len(keys)
 
