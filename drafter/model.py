@@ -12,7 +12,6 @@ from cache.block_table import BlockTable
 from cache.kv_pool import KVPool
 from drafter.base import Draft, Proposer
 from lanes.config import ConfigError, EngineConfig
-from lanes.graphs import MAX_TOKENS_PER_LANE
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.ops import make_ops
@@ -133,11 +132,11 @@ class ModelDrafter(Proposer):
         # First forward: catch up to the known tokens and draft one; then one token per forward.
         # With CUDA graphs the catch-up asks logits of every row (only the last is used): a
         # step whose rows all yield logits fits a graph bucket instead of running eagerly.
-        graphs = self.runner.graphs is not None
+        graphs = self.runner.graphs
 
         def catch_up(sh: _Shadow) -> Step:
             n = sh.num_known - sh.num_computed
-            every_row = graphs and n <= MAX_TOKENS_PER_LANE
+            every_row = graphs is not None and n <= graphs.max_tokens_per_lane
             return Step(sh, sh.num_computed, sh.num_known, num_logits=n if every_row else 1)
 
         steps = [catch_up(sh) for rid, sh in self.shadows.items() if rid in wanted]

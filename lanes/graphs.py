@@ -64,6 +64,8 @@ class _Graph:
 
 
 class DecodeGraphs:
+    max_tokens_per_lane = MAX_TOKENS_PER_LANE
+
     def __init__(self, decoder: Decoder, kv, scratch_slot: int, max_ctx: int) -> None:
         self.decoder = decoder
         self.kv = kv
