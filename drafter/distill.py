@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 
 from drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
 from drafter.eagle import FUSE, VOCAB
+from lanes import Engine
 from lanes.config import EngineConfig, ModelConfig
 from lanes.models import Checkpoint, open_checkpoint
 from lanes.models.rope import rope_tables
@@ -54,25 +55,20 @@ class Example:
 
 
 def teacher_answers(
-    target: Checkpoint,
+    engine: Engine,
     examples: list[tuple[list[dict], str]],
     num_answered: int,
     new_tokens: int,
-    config: EngineConfig,
     seed: int,
     log,
     max_seconds: float = 0.0,
     answers_file: Path | None = None,
     sampled_every: int = 2,
-    engine=None,
 ) -> list[list[int]]:
     """The target's answers (prompt + answer ids) to the first `num_answered` prompts, every
     `sampled_every`-th one sampled; after `max_seconds` they stop where they are. With
     `answers_file`, answers made earlier (on any machine) are read from it and new ones are
     appended to it as they finish."""
-    from lanes import Engine
-
-    engine = engine or Engine(checkpoint=target, config=config)
     prompts = [messages for messages, _ in examples[:num_answered]]
     params = [
         SamplingParams(max_tokens=new_tokens, temperature=SAMPLED_TEMPERATURE, seed=seed + i)
@@ -115,42 +111,20 @@ def teacher_answers(
 
 
 def teacher_data(
-    target: Checkpoint,
-    examples: list[tuple[list[dict], str]],
-    num_answered: int,
-    new_tokens: int,
-    config: EngineConfig,
-    seed: int,
-    log,
-    max_seconds: float = 0.0,
-    answers_file: Path | None = None,
-) -> tuple[list[Example], int]:
-    """Sequences, then the target's features and top-k targets at every position (one prefill
-    per batch): first the target's own answers (teacher_answers), then, cheaper to make, prompts
-    followed by the source text that comes after their snippet."""
-    from lanes import Engine
-
-    engine = Engine(checkpoint=target, config=config)
+    engine: Engine, answers: list[list[int]], texts: list[tuple[list[dict], str]], log
+) -> list[Example]:
+    """The target's features and top-k targets at every position (one prefill per batch) of
+    its own answers (teacher_answers), then of the cheaper sequences: each prompt of `texts`
+    followed by the source text that comes after its snippet. Examples in that order."""
     started = time.perf_counter()
-    seqs = teacher_answers(
-        target,
-        examples,
-        num_answered,
-        new_tokens,
-        config,
-        seed,
-        log,
-        max_seconds,
-        answers_file,
-        engine=engine,
-    )
-    num_answers = len(seqs)
-    tok = target.tokenizer
-    for messages, following in examples[num_answered:]:
-        seqs.append(engine.encode(messages) + tok.encode(following, add_special_tokens=False))
+    tok = engine.tokenizer
+    seqs = answers + [
+        engine.encode(messages) + tok.encode(following, add_special_tokens=False)
+        for messages, following in texts
+    ]
     data: list[Example] = []
     batch: list[list[int]] = []
-    budget = max(2048, config.max_tokens_per_round)
+    budget = max(2048, engine.config.max_tokens_per_round)
 
     def flush():
         for seq, (logits, feats) in zip(
@@ -177,7 +151,7 @@ def teacher_data(
         f"teacher: features of {len(data)} sequences, {sum(len(ex.ids) for ex in data)} tokens "
         f"after {time.perf_counter() - started:.1f} s"
     )
-    return data, num_answers
+    return data
 
 
 def answer_key(prompt_ids: list[int], params: SamplingParams) -> str:
@@ -423,33 +397,17 @@ def distill(
         max_tokens_per_round=max(2048, max_lanes * 8),
         kv_cache_bytes=(8 * 2**30 if device.startswith("cuda") else 512 * 2**20),
     )
-    if answers_only:  # make (or complete) the answers file, nothing else
-        if answers_file is None:
-            raise ValueError("--answers-only needs --answers FILE")
-        teacher_answers(
-            target,
-            train,
-            num_answered,
-            new_tokens,
-            ecfg,
-            seed,
-            log,
-            max_teacher_seconds,
-            answers_file,
-        )
-        return {"answers_file": str(answers_file), "answers": len(read_answers(answers_file))}
-    data, num_answers = teacher_data(
-        target,
-        train,
-        num_answered,
-        new_tokens,
-        ecfg,
-        seed,
-        log,
-        max_seconds=max_teacher_seconds,
-        answers_file=answers_file,
+    if answers_only and answers_file is None:
+        raise ValueError("--answers-only needs --answers FILE")
+    engine = Engine(checkpoint=target, config=ecfg)
+    answers = teacher_answers(
+        engine, train, num_answered, new_tokens, seed, log, max_teacher_seconds, answers_file
     )
-    answered = data[:num_answers]  # the target's own answers come first
+    if answers_only:  # make (or complete) the answers file, nothing else
+        return {"answers_file": str(answers_file), "answers": len(read_answers(answers_file))}
+    data = teacher_data(engine, answers, train[num_answered:], log)
+    del engine  # its KV pool is not needed for training
+    answered = data[: len(answers)]  # the target's own answers come first
     teacher_seconds = time.perf_counter() - started
     vocab = choose_vocab(data, draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)
     scfg = ModelConfig.from_hf(hf_config(tcfg, num_layers=1))
@@ -535,8 +493,6 @@ def held_out_acceptance(
 ) -> dict:
     """Mean drafts kept per verify step at k = 4 (no adaptive k), greedy and at temperature 0.7
     (coupled), on prompts not trained on; and that the drafted output is the undrafted one."""
-    from lanes import Engine
-
     cfg = EngineConfig(
         device=device, drafter=str(drafter_dir), num_draft_tokens=4, adaptive_drafts=False
     )

@@ -488,13 +488,16 @@ class Engine:
     def prompt_logits(self, prompts: list[Prompt]) -> list[torch.Tensor]:
         """Next-token logits [len(prompt), vocab] at every position of every prompt, all prompts in
         one forward (for scoring, prompt logprobs, and the batch-invariance tests)."""
-        return [logits for logits, _ in self.prompt_logits_and_features(prompts)]
+        return [logits for logits, _ in self._score(prompts, keep_features=False)]
 
     def prompt_logits_and_features(
         self, prompts: list[Prompt]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """prompt_logits, with each prompt's final-norm features [len(prompt), hidden] (what an
         EAGLE-style drafter reads; `lanes distill` trains on them)."""
+        return self._score(prompts, keep_features=True)
+
+    def _score(self, prompts: list[Prompt], keep_features: bool) -> list[tuple]:
         lanes = [self._new_lane(p, SamplingParams(max_tokens=1)) for p in prompts]
         need = sum(lane.block_table.blocks_needed(lane.num_known) for lane in lanes)
         if need > self.cache.num_available:
@@ -508,12 +511,13 @@ class Engine:
         try:
             steps = [Step(lane, 0, lane.num_known) for lane in lanes]
             logits = self.runner.execute(steps, all_logits=True)
-            hidden = self.runner.last_hidden.clone()
+            hidden = self.runner.last_hidden.clone() if keep_features else None
         finally:
             for lane in lanes:
                 self.cache.release(lane.block_table.clear())
         sizes = [lane.num_known for lane in lanes]
-        return list(zip(logits.split(sizes), hidden.split(sizes), strict=True))
+        features = hidden.split(sizes) if keep_features else [None] * len(lanes)
+        return list(zip(logits.split(sizes), features, strict=True))
 
     def generate(
         self,

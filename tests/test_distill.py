@@ -274,11 +274,11 @@ def test_answers_file_is_written_then_read_back(tiny_models, tmp_path):
     target = open_checkpoint(str(target_dir))
     examples = chat_examples(4, 0, 60, {"pydoc": pydoc_texts()})
     path = tmp_path / "answers.jsonl.gz"
-    config = EngineConfig()
-    made = teacher_answers(target, examples, 4, 6, config, 0, lambda m: None, answers_file=path)
+    engine = Engine(checkpoint=target)
+    made = teacher_answers(engine, examples, 4, 6, 0, lambda m: None, answers_file=path)
     assert len(read_answers(path)) == 4
     logs = []
-    again = teacher_answers(target, examples, 4, 6, config, 0, logs.append, answers_file=path)
+    again = teacher_answers(engine, examples, 4, 6, 0, logs.append, answers_file=path)
     assert again == made and "(4 read back)" in logs[0] and "0 new tokens" in logs[0]
     greedy = Engine(str(target_dir)).generate([examples[0][0]], SamplingParams(max_tokens=6))[0]
     assert made[0] == greedy.prompt_ids + greedy.token_ids
