@@ -26,7 +26,6 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ from safetensors.torch import save_file
 
 from drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
 from drafter.eagle import FUSE, VOCAB
+from drafter.teacher import DenseTarget, Example
 from lanes import Engine
 from lanes.config import EngineConfig, ModelConfig
 from lanes.models import Checkpoint, open_checkpoint
@@ -46,107 +46,67 @@ FEATURE_LOSS_WEIGHT = 0.2
 SAMPLED_TEMPERATURE = 0.7
 
 
-@dataclass
-class Example:
-    ids: torch.Tensor  # [T] int64
-    features: torch.Tensor  # [T, hidden]: the target's final-norm output at each position
-    top_ids: torch.Tensor  # [T, TOP_K]: the target's most likely next tokens
-    top_logprobs: torch.Tensor  # [T, TOP_K]
-
-
 def teacher_answers(
-    engine: Engine,
-    examples: list[tuple[list[dict], str]],
-    num_answered: int,
+    teacher: DenseTarget,
+    prompts: list[list[int]],
     new_tokens: int,
     seed: int,
     log,
     max_seconds: float = 0.0,
     answers_file: Path | None = None,
+    batch: int = 256,
     sampled_every: int = 2,
 ) -> list[list[int]]:
-    """The target's answers (prompt + answer ids) to the first `num_answered` prompts, every
-    `sampled_every`-th one sampled; after `max_seconds` they stop where they are. With
-    `answers_file`, answers made earlier (on any machine) are read from it and new ones are
-    appended to it as they finish."""
-    prompts = [messages for messages, _ in examples[:num_answered]]
-    params = [
-        SamplingParams(max_tokens=new_tokens, temperature=SAMPLED_TEMPERATURE, seed=seed + i)
-        if i % sampled_every == sampled_every - 1
-        else SamplingParams(max_tokens=new_tokens)
+    """The target's answers (prompt + answer ids) to `prompts` (token ids), every
+    `sampled_every`-th one sampled at temperature 0.7; after `max_seconds` no new batch starts.
+    With `answers_file`, answers made earlier (on any machine) are read from it and new ones are
+    appended to it batch by batch."""
+    temps = [
+        SAMPLED_TEMPERATURE if i % sampled_every == sampled_every - 1 else 0.0
         for i in range(len(prompts))
     ]
-    started = time.perf_counter()
-    keys = [answer_key(engine.encode(p), sp) for p, sp in zip(prompts, params, strict=True)]
+    seeds = [seed + i if t > 0 else None for i, t in enumerate(temps)]
+    keys = [answer_key(p, t, s, new_tokens) for p, t, s in zip(prompts, temps, seeds, strict=True)]
     stored = read_answers(answers_file)
-    lanes = {
-        i: engine.submit(p, sp)
-        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
-        if keys[i] not in stored
-    }
-    by_request = {lane.request_id: i for i, lane in lanes.items()}
-    writing = answers_file is not None and lanes
+    todo = [i for i, key in enumerate(keys) if key not in stored]
+    todo.sort(key=lambda i: len(prompts[i]))  # similar lengths share a batch: less padding
+    generator = torch.Generator(teacher.device).manual_seed(seed)
+    started = time.perf_counter()
+    made: dict[int, list[int]] = {}
+    from huggingface_hub.utils import tqdm
+
+    bar = tqdm(total=len(todo), desc="teacher answers", unit="answer", disable=None)
+    writing = answers_file is not None and todo
     with gzip.open(answers_file, "at") if writing else contextlib.nullcontext() as sink:
-        while engine.has_work():
+        for at in range(0, len(todo), batch):
             if max_seconds and time.perf_counter() - started > max_seconds:
-                for lane in lanes.values():  # out of time: keep the answers as far as they got
-                    engine.cancel(lane.request_id)
-            for c in engine.step():
-                if sink is not None and c.finish_reason != "cancelled":
-                    i = by_request[c.request_id]
-                    sink.write(json.dumps({"key": keys[i], "ids": lanes[i].all_ids()}) + "\n")
-                    sink.flush()
-    seqs = []
-    for i, key in enumerate(keys):
-        if key in stored:
-            seqs.append(stored[key])
-        elif lanes[i].output_ids:
-            seqs.append(lanes[i].all_ids())
+                break
+            group = todo[at : at + batch]
+            answers = teacher.generate(
+                [prompts[i] for i in group], new_tokens, [temps[i] for i in group], generator
+            )
+            for i, ids in zip(group, answers, strict=True):
+                made[i] = ids
+                if sink is not None:
+                    sink.write(json.dumps({"key": keys[i], "ids": ids}) + "\n")
+            if sink is not None:
+                sink.flush()
+            bar.update(len(group))
+    bar.close()
+    seqs = [stored.get(key, made.get(i)) for i, key in enumerate(keys)]
+    seqs = [s for s in seqs if s is not None]
+    new = sum(len(ids) - len(prompts[i]) for i, ids in made.items())
     log(
         f"teacher: {len(seqs)} answers ({sum(k in stored for k in keys)} read back), "
-        f"{sum(len(lane.output_ids) for lane in lanes.values())} new tokens made in "
-        f"{time.perf_counter() - started:.1f} s"
+        f"{new} new tokens made in {time.perf_counter() - started:.1f} s"
     )
     return seqs
 
 
-def teacher_data(
-    engine: Engine, answers: list[list[int]], texts: list[tuple[list[dict], str]], log
-) -> list[Example]:
-    """The target's features and top-k targets at every position (one prefill per batch) of
-    its own answers (teacher_answers), then of the cheaper sequences: each prompt of `texts`
-    followed by the source text that comes after its snippet. Examples in that order."""
+def teacher_data(teacher: DenseTarget, seqs: list[list[int]], log) -> list[Example]:
+    """The target's features and top-k targets at every position of every sequence."""
     started = time.perf_counter()
-    tok = engine.tokenizer
-    seqs = answers + [
-        engine.encode(messages) + tok.encode(following, add_special_tokens=False)
-        for messages, following in texts
-    ]
-    data: list[Example] = []
-    batch: list[list[int]] = []
-    budget = max(2048, engine.config.max_tokens_per_round)
-
-    def flush():
-        for seq, (logits, feats) in zip(
-            batch, engine.prompt_logits_and_features(batch), strict=True
-        ):
-            top = torch.log_softmax(logits.float(), dim=-1).topk(TOP_K, dim=-1)
-            data.append(
-                Example(
-                    torch.tensor(seq, device=feats.device),
-                    feats.to(torch.bfloat16),
-                    top.indices,
-                    top.values,
-                )
-            )
-        batch.clear()
-
-    for seq in seqs:
-        if batch and sum(map(len, batch)) + len(seq) > budget:
-            flush()
-        batch.append(seq)
-    if batch:
-        flush()
+    data = teacher.score(seqs, TOP_K)
     log(
         f"teacher: features of {len(data)} sequences, {sum(len(ex.ids) for ex in data)} tokens "
         f"after {time.perf_counter() - started:.1f} s"
@@ -154,9 +114,9 @@ def teacher_data(
     return data
 
 
-def answer_key(prompt_ids: list[int], params: SamplingParams) -> str:
+def answer_key(prompt_ids: list[int], temperature: float, seed: int | None, max_tokens: int) -> str:
     """What an answer depends on (besides the target): prompt ids and sampling parameters."""
-    what = [prompt_ids, params.temperature, params.seed, params.max_tokens]
+    what = [prompt_ids, float(temperature), seed, max_tokens]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
 
@@ -366,13 +326,13 @@ def distill(
     lr: float = 5e-4,
     draft_vocab: int = 16384,
     device: str = "cpu",
-    max_lanes: int = 64,
+    teacher_batch: int = 256,
     seed: int = 0,
     snippet_chars: int = 600,
     corpus: tuple[str, ...] = ("pydoc", "shakespeare"),
     max_train_seconds: float = 0.0,
     max_teacher_seconds: float = 0.0,
-    answered_share: float = 0.5,
+    answered_share: float = 0.75,
     answers_file: Path | None = None,
     answers_only: bool = False,
     log=print,
@@ -388,25 +348,32 @@ def distill(
         sources["shakespeare"] = shakespeare_texts(log)
     examples = chat_examples(num_prompts + held_out, seed, snippet_chars, sources)
     train, test_prompts = examples[:num_prompts], [m for m, _ in examples[num_prompts:]]
-    ecfg = EngineConfig(
-        device=device,
-        # on CUDA, exact mode runs decode as CUDA graphs: far faster answers than eager torch
-        exact=device.startswith("cuda"),
-        prompt_cache_bytes=0,
-        max_lanes=max_lanes,
-        max_tokens_per_round=max(2048, max_lanes * 8),
-        kv_cache_bytes=(8 * 2**30 if device.startswith("cuda") else 512 * 2**20),
-    )
     if answers_only and answers_file is None:
         raise ValueError("--answers-only needs --answers FILE")
-    engine = Engine(checkpoint=target, config=ecfg)
+    tok = target.tokenizer
+    prompts = [tok.encode_chat(messages) for messages, _ in train]
+    teacher = DenseTarget(
+        target, device, torch.bfloat16 if device.startswith("cuda") else torch.float32
+    )
     answers = teacher_answers(
-        engine, train, num_answered, new_tokens, seed, log, max_teacher_seconds, answers_file
+        teacher,
+        prompts[:num_answered],
+        new_tokens,
+        seed,
+        log,
+        max_teacher_seconds,
+        answers_file,
+        teacher_batch,
     )
     if answers_only:  # make (or complete) the answers file, nothing else
         return {"answers_file": str(answers_file), "answers": len(read_answers(answers_file))}
-    data = teacher_data(engine, answers, train[num_answered:], log)
-    del engine  # its KV pool is not needed for training
+    # the cheaper sequences: a prompt followed by the source text that comes after its snippet
+    texts = [
+        p + tok.encode(following, add_special_tokens=False)
+        for p, (_, following) in zip(prompts[num_answered:], train[num_answered:], strict=True)
+    ]
+    data = teacher_data(teacher, answers + texts, log)
+    del teacher
     answered = data[: len(answers)]  # the target's own answers come first
     teacher_seconds = time.perf_counter() - started
     vocab = choose_vocab(data, draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)

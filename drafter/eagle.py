@@ -259,7 +259,20 @@ class EagleDrafter(Proposer):
                 wanted[lane.request_id] = k
                 end = shadow.num_known
                 feats = shadow.features_until(end, self._zero)
-                steps.append(Step(shadow, shadow.num_computed, end, num_logits=1, features=feats))
+                # with CUDA graphs, every row asks logits (only the last is used): a step whose
+                # rows all yield logits fits a graph bucket instead of running eagerly
+                n = end - shadow.num_computed
+                graphs = self.runner.graphs
+                every_row = graphs is not None and n <= graphs.max_tokens_per_lane
+                steps.append(
+                    Step(
+                        shadow,
+                        shadow.num_computed,
+                        end,
+                        num_logits=n if every_row else 1,
+                        features=feats,
+                    )
+                )
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
@@ -269,14 +282,17 @@ class EagleDrafter(Proposer):
                 list(itertools.accumulate(s.num_tokens for s in steps)), device=hidden.device
             )
             guesses = hidden[last_rows - 1].clone()  # each lane's guess of the next feature
+            logits_rows = list(itertools.accumulate(s.num_logits for s in steps))
             next_steps = []
-            for row, step in enumerate(steps):
+            for row, (step, logits_end) in enumerate(zip(steps, logits_rows, strict=True)):
                 shadow, lane = step.lane, step.lane.lane
                 if j == 0:
                     shadow.advance(step.end)
                     self._publish(shadow)
                 position = lane.num_known + j
-                token, lp = sample_row(logits[row], lane.params, position, lane.params.seed)
+                token, lp = sample_row(
+                    logits[logits_end - 1], lane.params, position, lane.params.seed
+                )
                 drafts[lane.request_id].append(token)
                 logprobs[lane.request_id].append(lp)
                 if j + 1 < wanted[lane.request_id]:

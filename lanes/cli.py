@@ -153,7 +153,8 @@ def _distill(args: argparse.Namespace) -> int:
         lr=args.lr,
         draft_vocab=args.draft_vocab,
         device=args.device,
-        max_lanes=args.max_lanes,
+        teacher_batch=args.teacher_batch,
+        answered_share=args.answered_share,
         seed=args.seed,
         max_train_seconds=args.max_train_seconds,
         max_teacher_seconds=args.max_teacher_seconds,
@@ -223,7 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--batch", type=int, default=16)
     dist.add_argument("--lr", type=float, default=5e-4)
     dist.add_argument("--draft-vocab", type=int, default=16384, help="0: the whole vocabulary")
-    dist.add_argument("--max-lanes", type=int, default=64, help="target lanes making the data")
+    dist.add_argument(
+        "--teacher-batch", type=int, default=256, help="prompts the target answers at once"
+    )
+    dist.add_argument(
+        "--answered-share", type=float, default=0.75, help="share of each batch from answers"
+    )
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument(
         "--max-train-seconds",

@@ -28,7 +28,9 @@ MAX_TOKENS_PER_LANE = 16
 
 
 class _Graph:
-    def __init__(self, lanes: int, tokens: int, max_ctx: int, group: int, device) -> None:
+    def __init__(
+        self, lanes: int, tokens: int, max_ctx: int, group: int, device, fuse=None
+    ) -> None:
         n = lanes * tokens
         i64 = dict(dtype=torch.int64, device=device)
         i32 = dict(dtype=torch.int32, device=device)
@@ -50,6 +52,10 @@ class _Graph:
             kv_slots=self.kv_slots,
             block_q=block_q_for(group),
         )
+        # EAGLE-style drafters read a target feature per row: a static buffer like the ids
+        self.features = (
+            None if fuse is None else fuse.new_zeros((n, fuse.shape[1] // 2), device=device)
+        )
         self.batch = ForwardBatch(
             input_ids=self.input_ids,
             positions=self.positions,
@@ -57,6 +63,7 @@ class _Graph:
             seqs=(),
             logits_indices=torch.arange(n, **i64),
             attn_meta={group: meta},
+            features=self.features,
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -73,6 +80,7 @@ class DecodeGraphs:
         self.max_ctx = max_ctx
         self.group = decoder.cfg.num_heads // decoder.cfg.num_kv_heads
         self.device = decoder.weights.embed.device
+        self.fuse = decoder.weights.fuse  # EAGLE-style drafters: rows read features too
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.num_replays = 0
@@ -84,7 +92,10 @@ class DecodeGraphs:
             return False
         tokens = steps[0].num_tokens
         return tokens <= MAX_TOKENS_PER_LANE and all(
-            s.num_tokens == tokens and s.num_logits == tokens and s.end <= self.max_ctx
+            s.num_tokens == tokens
+            and s.num_logits == tokens
+            and s.end <= self.max_ctx
+            and (s.features is not None) == (self.fuse is not None)
             for s in steps
         )
 
@@ -130,9 +141,12 @@ class DecodeGraphs:
         g.ctx_len.copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
         index = torch.tensor(where, device=g.kv_slots.device)
         g.kv_slots.index_copy_(0, index, torch.tensor(what, device=g.kv_slots.device))
+        if g.features is not None:  # padding rows keep whatever they held: their rows are dropped
+            rows = len(steps) * t
+            g.features[:rows].copy_(torch.cat([s.features for s in steps]), non_blocking=True)
 
     def _capture(self, lanes: int, tokens: int) -> _Graph:
-        g = _Graph(lanes, tokens, self.max_ctx, self.group, self.device)
+        g = _Graph(lanes, tokens, self.max_ctx, self.group, self.device, self.fuse)
         g.slot_mapping.fill_(self.scratch_slot)
         g.kv_slots.fill_(self.scratch_slot)
         g.ctx_len.fill_(tokens)

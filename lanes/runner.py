@@ -95,7 +95,6 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         and config.device.startswith("cuda")
         and decoder.ops.name == "triton"
         and decoder.comm is None
-        and decoder.weights.fuse is None  # graphs have no static features buffer (yet)
     ):
         from lanes.graphs import DecodeGraphs
 

@@ -265,20 +265,27 @@ def test_eagle_drafter_survives_preemption_cancellation_and_a_full_pool(tiny_mod
 
 def test_answers_file_is_written_then_read_back(tiny_models, tmp_path):
     """Answers made once (say on a CPU box) are reused by a later run instead of regenerated,
-    and they are the target's own answers."""
+    and they are the target's own answers: each greedy answer token is the argmax of the
+    serving engine's logits over the same prefix (the teacher is a separate implementation)."""
     from drafter.corpus import chat_examples, pydoc_texts
     from drafter.distill import read_answers, teacher_answers
+    from drafter.teacher import DenseTarget
     from lanes.models import open_checkpoint
 
     target_dir, _ = tiny_models["smollm2"]
     target = open_checkpoint(str(target_dir))
-    examples = chat_examples(4, 0, 60, {"pydoc": pydoc_texts()})
+    examples = chat_examples(5, 0, 60, {"pydoc": pydoc_texts()})
+    prompts = [target.tokenizer.encode_chat(m) for m, _ in examples]
     path = tmp_path / "answers.jsonl.gz"
-    engine = Engine(checkpoint=target)
-    made = teacher_answers(engine, examples, 4, 6, 0, lambda m: None, answers_file=path)
-    assert len(read_answers(path)) == 4
+    teacher = DenseTarget(target, "cpu", torch.float32)
+    made = teacher_answers(teacher, prompts, 6, 0, lambda m: None, answers_file=path, batch=2)
+    assert len(read_answers(path)) == 5
     logs = []
-    again = teacher_answers(engine, examples, 4, 6, 0, logs.append, answers_file=path)
-    assert again == made and "(4 read back)" in logs[0] and "0 new tokens" in logs[0]
-    greedy = Engine(str(target_dir)).generate([examples[0][0]], SamplingParams(max_tokens=6))[0]
-    assert made[0] == greedy.prompt_ids + greedy.token_ids
+    again = teacher_answers(teacher, prompts, 6, 0, logs.append, answers_file=path)
+    assert again == made and "(5 read back)" in logs[0] and "0 new tokens" in logs[0]
+    scorer = Engine(checkpoint=target)
+    for i in (0, 2, 4):  # the greedy ones (every second answer is sampled)
+        n = len(prompts[i])
+        assert made[i][:n] == prompts[i] and len(made[i]) > n
+        logits = scorer.prompt_logits([made[i][:-1]])[0]
+        assert made[i][n:] == logits[n - 1 :].argmax(-1).tolist()
