@@ -106,7 +106,9 @@ def teacher_answers(
 def teacher_data(teacher: DenseTarget, seqs: list[list[int]], log) -> list[Example]:
     """The target's features and top-k targets at every position of every sequence."""
     started = time.perf_counter()
-    data = teacher.score(seqs, TOP_K)
+    # rows of one scoring forward: its logits are [rows, vocab] float32 (6 GiB at 32K rows)
+    rows = 32768 if teacher.device.startswith("cuda") else 4096
+    data = teacher.score(seqs, TOP_K, rows)
     log(
         f"teacher: features of {len(data)} sequences, {sum(len(ex.ids) for ex in data)} tokens "
         f"after {time.perf_counter() - started:.1f} s"

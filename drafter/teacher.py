@@ -144,7 +144,7 @@ class DenseTarget:
         return answers
 
     @torch.inference_mode()
-    def score(self, seqs: list[list[int]], top_k: int, max_tokens: int = 8192) -> list[Example]:
+    def score(self, seqs: list[list[int]], top_k: int, max_tokens: int = 4096) -> list[Example]:
         """Features and top-k next-token log-probabilities at every position of every sequence,
         in order; sequences of similar length share a right-padded forward of <= max_tokens."""
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))

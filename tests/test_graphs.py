@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -39,3 +41,34 @@ def test_graphed_equals_eager(params):
     assert graphed.runner.graphs.num_replays > before
     assert [d.token_ids for d in drafted] == [w.token_ids for w in want]
     graphed.check_integrity()
+
+
+def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path):
+    """The EAGLE-style drafter's forwards (features in a static buffer) replay as graphs and
+    propose the eager drafts; output stays the undrafted one."""
+    from tests.test_distill import _random_head
+
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 256)
+    prompts = ["one two three four five", "a b c d e f g h i j k l m n o p"]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    seen = {}
+    for graphs in (False, True):
+        cfg = EngineConfig(device="cuda", drafter=str(out), cuda_graphs=graphs)
+        engine = Engine(str(target_dir), cfg)
+        propose, drafts = engine.proposer.propose, []
+
+        def recording(lanes, num_drafts, propose=propose, drafts=drafts):
+            made = propose(lanes, num_drafts)
+            drafts.append([d.token_ids for d in made])
+            return made
+
+        engine.proposer.propose = recording
+        got = engine.generate(prompts, params)
+        plain = engine.generate(prompts, dataclasses.replace(params, draft=False))
+        assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+        seen[graphs] = drafts
+        if graphs:
+            assert engine.proposer.runner.graphs.num_replays > 0
+    assert seen[True] == seen[False] and any(any(d) for d in seen[True])
