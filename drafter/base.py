@@ -35,13 +35,15 @@ class Proposer:
     - `observe(lane, start, hidden)`, only for proposers with `uses_target_hidden`, after every
       target forward over a drafting lane and before `prefill`/`accepted`: the target's
       final-norm features of positions [start, start + len(hidden)), now settled (a view the next
-      forward overwrites: copy what you keep).
+      forward overwrites: copy what you keep); with `target_feature_layers`, the normed outputs
+      of those target layers side by side instead (lanes.models.decoder).
 
     A proposer only affects speed: with coupled verification the output never depends on it.
     """
 
     name = "proposer"
     uses_target_hidden = False
+    target_feature_layers: tuple[int, ...] | None = None
 
     def prefill(self, steps: Sequence[Step]) -> None:
         return None

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
-from drafter.eagle import FUSE, VOCAB
+from drafter.eagle import FUSE, REDUCE, VOCAB
 from drafter.teacher import DenseTarget, Example
 from lanes import Engine
 from lanes.config import EngineConfig, ModelConfig
@@ -103,17 +103,25 @@ def teacher_answers(
     return seqs
 
 
-def teacher_data(teacher: DenseTarget, seqs: list[list[int]], log) -> list[Example]:
+def teacher_data(
+    teacher: DenseTarget, seqs: list[list[int]], log, layers: tuple[int, ...] | None = None
+) -> list[Example]:
     """The target's features and top-k targets at every position of every sequence."""
     started = time.perf_counter()
     # rows of one scoring forward: its logits are [rows, vocab] float32 (6 GiB at 32K rows)
     rows = 32768 if teacher.device.startswith("cuda") else 4096
-    data = teacher.score(seqs, TOP_K, rows)
+    data = teacher.score(seqs, TOP_K, rows, layers)
     log(
         f"teacher: features of {len(data)} sequences, {sum(len(ex.ids) for ex in data)} tokens "
         f"after {time.perf_counter() - started:.1f} s"
     )
     return data
+
+
+def feature_layers(num_layers: int) -> tuple[int, ...]:
+    """A low, a middle and the final layer (as EAGLE-3 picks them): the low layer still knows
+    which token a row holds, the final one what the target will say next."""
+    return tuple(sorted({min(2, num_layers // 4), num_layers // 2, num_layers - 1}))
 
 
 def answer_key(prompt_ids: list[int], temperature: float, seed: int | None, max_tokens: int) -> str:
@@ -141,7 +149,12 @@ class EagleHead(torch.nn.Module):
     """The trainable drafter; tensor names as drafter/eagle.py loads them."""
 
     def __init__(
-        self, cfg: ModelConfig, target: Checkpoint, vocab: torch.Tensor, device: str
+        self,
+        cfg: ModelConfig,
+        target: Checkpoint,
+        vocab: torch.Tensor,
+        device: str,
+        feature_layers: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -159,6 +172,12 @@ class EagleHead(torch.nn.Module):
         # start as "embedding + feature": the layer then learns the step from there
         eye = torch.eye(h, device=device)
         self.params[_key(FUSE)] = torch.nn.Parameter(torch.cat([eye, eye], dim=1))
+        self.feature_layers = feature_layers
+        if feature_layers is not None:  # several target layers: `reduce` maps them to one width,
+            # starting as "the final layer's feature" (what a single-layer head reads)
+            start = torch.zeros(h, h * len(feature_layers), device=device)
+            start[:, -h:] = eye
+            self.params[_key(REDUCE)] = torch.nn.Parameter(start)
         cos, sin = rope_tables(cfg, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -191,6 +210,8 @@ class EagleHead(torch.nn.Module):
         rows = t - 1
         tok = self.embed[ids[:, 1:]]
         feat = features[:, :rows].float()
+        if self.feature_layers is not None:
+            feat = feat @ self.p(REDUCE).T
         group = cfg.num_heads // cfg.num_kv_heads
         passes_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         guesses = []
@@ -266,7 +287,7 @@ def batch_loss(
     dev = head.embed.device
     b = len(windows)
     ids = torch.zeros((b, t), dtype=torch.long, device=dev)
-    feats = torch.zeros((b, t, head.cfg.hidden_size), device=dev)
+    feats = torch.zeros((b, t, windows[0][0].features.shape[-1]), device=dev)
     top_ids = torch.zeros((b, t, TOP_K), dtype=torch.long, device=dev)
     top_lp = torch.zeros((b, t, TOP_K), device=dev)  # padding rows: masked out below
     valid = torch.zeros((b, t), dtype=torch.bool, device=dev)
@@ -279,7 +300,7 @@ def batch_loss(
         valid[i, :n] = True
     # row r predicts position r + 2, from the target's distribution at r + 1
     lab_ids, lab_lp, lab_valid = top_ids[:, 1:], top_lp[:, 1:], valid[:, 1:]
-    next_feat = feats[:, 1:]
+    next_feat = feats[:, 1:, -head.cfg.hidden_size :]  # the final layer's feature
     index = torch.full((head.cfg.vocab_size,), -1, dtype=torch.long, device=dev)
     index[head.vocab] = torch.arange(len(head.vocab), device=dev)
     lab_sub = index[lab_ids]  # position of each teacher token in the draft vocab, -1 if absent
@@ -337,8 +358,11 @@ def distill(
     answered_share: float = 0.75,
     answers_file: Path | None = None,
     answers_only: bool = False,
+    features: str = "layers",
     log=print,
 ) -> dict:
+    """features: "layers" (the target's low, middle and final layers, see feature_layers) or
+    "final" (its final-norm output alone)."""
     torch.manual_seed(seed)
     started = time.perf_counter()
     target = open_checkpoint(target_spec)
@@ -374,13 +398,16 @@ def distill(
         p + tok.encode(following, add_special_tokens=False)
         for p, (_, following) in zip(prompts[num_answered:], train[num_answered:], strict=True)
     ]
-    data = teacher_data(teacher, answers + texts, log)
+    if features not in ("layers", "final"):
+        raise ValueError(f"features must be 'layers' or 'final', not {features!r}")
+    layers = feature_layers(tcfg.num_layers) if features == "layers" else None
+    data = teacher_data(teacher, answers + texts, log, layers)
     del teacher
     answered = data[: len(answers)]  # the target's own answers come first
     teacher_seconds = time.perf_counter() - started
     vocab = choose_vocab(data, draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)
     scfg = ModelConfig.from_hf(hf_config(tcfg, num_layers=1))
-    head = EagleHead(scfg, target, vocab, device)
+    head = EagleHead(scfg, target, vocab, device, layers)
     opt = torch.optim.AdamW(head.params.values(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     losses, agreements = [], []
@@ -422,6 +449,7 @@ def distill(
     save(head, scfg, out)
     report = {
         "kind": "eagle",
+        "target_feature_layers": None if layers is None else list(layers),
         "target": target.source,
         "target_fingerprint": target.fingerprint,
         "shared_with_target": ["model.embed_tokens.weight"],

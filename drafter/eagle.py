@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,6 +52,9 @@ from lanes.sampling import sample_row
 
 FUSE = "eagle.fuse.weight"  # [hidden, 2 * hidden]
 VOCAB = "eagle.vocab"  # [draft vocab] int64: the target token ids the drafter can propose
+# [hidden, n * hidden]: maps the target's n feature layers (drafter.json
+# "target_feature_layers") to the drafter's width; absent when it reads the final layer alone
+REDUCE = "eagle.reduce.weight"
 
 
 def is_eagle_dir(spec: str) -> bool:
@@ -58,10 +62,16 @@ def is_eagle_dir(spec: str) -> bool:
     return meta.is_file() and json.loads(meta.read_text()).get("kind") == "eagle"
 
 
-def load_eagle_decoder(
-    path: Path, target: Checkpoint, config: EngineConfig
-) -> tuple[Decoder, torch.Tensor | None]:
-    """The drafter's one-layer decoder (LM head: the target's embedding rows) and its vocab."""
+@dataclass
+class EagleParts:
+    decoder: Decoder  # one layer; LM head: the target's embedding rows (of `vocab`)
+    vocab: torch.Tensor | None
+    feature_layers: tuple[int, ...] | None  # target layers read; None: its final norm
+    reduce: torch.Tensor | None  # [hidden, len(feature_layers) * hidden]
+
+
+def load_eagle_decoder(path: Path, target: Checkpoint, config: EngineConfig) -> EagleParts:
+    """The drafter's decoder, vocab, and how it reads the target's features."""
     cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     tcfg = target.config
     if not tcfg.tie_word_embeddings:
@@ -81,9 +91,22 @@ def load_eagle_decoder(
                 own[name] = f.get_tensor(name)
     except (OSError, RuntimeError) as e:
         raise WeightError(f"cannot read {path / 'model.safetensors'}: {e}") from e
-    fuse, vocab = own.pop(FUSE, None), own.pop(VOCAB, None)
-    if fuse is None or tuple(fuse.shape) != (cfg.hidden_size, 2 * cfg.hidden_size):
+    fuse, vocab, reduce = own.pop(FUSE, None), own.pop(VOCAB, None), own.pop(REDUCE, None)
+    h = cfg.hidden_size
+    if fuse is None or tuple(fuse.shape) != (h, 2 * h):
         raise WeightError(f"{path}: {FUSE} missing or not [hidden, 2 * hidden]")
+    layers = json.loads((path / "drafter.json").read_text()).get("target_feature_layers")
+    if layers is not None:
+        layers = tuple(int(i) for i in layers)
+        if not layers or not all(0 <= i < tcfg.num_layers for i in layers):
+            raise ConfigError(
+                f"drafter {path} reads target layers {list(layers)}; this target has "
+                f"{tcfg.num_layers}"
+            )
+        if reduce is None or tuple(reduce.shape) != (h, len(layers) * h):
+            raise WeightError(f"{path}: {REDUCE} missing or not [hidden, {len(layers)} * hidden]")
+    elif reduce is not None:
+        raise WeightError(f"{path}: {REDUCE} given but drafter.json names no target_feature_layers")
     embed_name = "model.embed_tokens.weight"
     shapes = {k: tuple(v.shape) for k, v in own.items()} | {embed_name: target.shapes[embed_name]}
     check_shapes(shapes, cfg)
@@ -100,7 +123,9 @@ def load_eagle_decoder(
             raise WeightError(f"{path}: {VOCAB} must list token ids below {cfg.vocab_size}")
         weights.lm_head = weights.embed[vocab].contiguous()
     ops = make_ops(config.exact, config.device, config.kernels)
-    return Decoder(cfg, weights, ops), vocab
+    if reduce is not None:
+        reduce = reduce.to(device=config.device, dtype=dtype)
+    return EagleParts(Decoder(cfg, weights, ops), vocab, layers, reduce)
 
 
 class _Shadow:
@@ -150,7 +175,10 @@ class EagleDrafter(Proposer):
     def __init__(self, path: str, target: Checkpoint, config: EngineConfig) -> None:
         self.config = config
         self.source = path
-        decoder, self.vocab = load_eagle_decoder(Path(path), target, config)
+        parts = load_eagle_decoder(Path(path), target, config)
+        decoder, self.vocab, self.reduce = parts.decoder, parts.vocab, parts.reduce
+        self.target_feature_layers = parts.feature_layers
+        self.ops = decoder.ops
         mc, bs = decoder.cfg, config.block_size
         dtype = decoder.weights.embed.dtype
         per_block = KVPool.bytes_per_block(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
@@ -209,6 +237,8 @@ class EagleDrafter(Proposer):
         return True
 
     def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
+        if self.reduce is not None:  # the target's feature layers -> the drafter's width
+            hidden = self.ops.linear(hidden.to(self._zero.dtype), self.reduce)
         shadow = self._shadow(lane)
         have = shadow.num_computed + (0 if shadow.features is None else len(shadow.features))
         if start > have:  # positions the drafter never saw: zeros

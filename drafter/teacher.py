@@ -58,8 +58,10 @@ class DenseTarget:
         mask: torch.Tensor | None,
         cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         at: int = 0,
+        layers: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
-        """ids, pos [B, T] -> final-norm rows [B, T, hidden]. With `cache` (per layer k, v
+        """ids, pos [B, T] -> final-norm rows [B, T, hidden], or with `layers` the normed
+        outputs of those layers side by side (as lanes.models.decoder). With `cache` (per layer k, v
         [B, HKV, S, D]) the new K/V go to columns [at, at + T) and attention reads columns
         [0, at + T) under `mask` [B, 1, T, at + T] (True: attend); without it, attention is
         causal over the T rows (right padding needs no mask)."""
@@ -68,6 +70,7 @@ class DenseTarget:
         d = cfg.head_dim
         x = w.embed[ids]
         h = self._norm(x, w.layers[0].input_norm)
+        kept = []
         for i, layer in enumerate(w.layers):
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -81,15 +84,25 @@ class DenseTarget:
                 kc, vc = cache[i]
                 kc[:, :, at : at + t], vc[:, :, at : at + t] = k, v
                 k, v = kc[:, :, : at + t], vc[:, :, : at + t]
-            a = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-            )
+            if t == 1 and mask is not None:
+                # one query per row: the query heads sharing a K/V head become that head's
+                # query rows, so attention needs no K/V copies per query head (GQA)
+                group = cfg.num_heads // cfg.num_kv_heads
+                a = F.scaled_dot_product_attention(
+                    q.reshape(b, cfg.num_kv_heads, group, d), k, v, attn_mask=mask
+                ).reshape(b, cfg.num_heads, 1, d)
+            else:
+                a = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+                )
             x = x + F.linear(a.transpose(1, 2).reshape(b, t, cfg.q_size), layer.o)
             h = self._norm(x, layer.post_norm)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
             h = self._norm(x, w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm)
-        return h
+            if layers is not None and i in layers:
+                kept.append(h)
+        return torch.cat(kept, dim=-1) if kept else h
 
     @torch.inference_mode()
     def generate(
@@ -144,9 +157,16 @@ class DenseTarget:
         return answers
 
     @torch.inference_mode()
-    def score(self, seqs: list[list[int]], top_k: int, max_tokens: int = 4096) -> list[Example]:
-        """Features and top-k next-token log-probabilities at every position of every sequence,
-        in order; sequences of similar length share a right-padded forward of <= max_tokens."""
+    def score(
+        self,
+        seqs: list[list[int]],
+        top_k: int,
+        max_tokens: int = 4096,
+        layers: tuple[int, ...] | None = None,
+    ) -> list[Example]:
+        """Features (of `layers`, see forward) and top-k next-token log-probabilities at every
+        position of every sequence, in order; sequences of similar length share a right-padded
+        forward of <= max_tokens rows."""
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         done: dict[int, Example] = {}
         start = 0
@@ -158,8 +178,9 @@ class DenseTarget:
             t = len(group[-1])
             ids = torch.tensor([s + [0] * (t - len(s)) for s in group], device=self.device)
             pos = torch.arange(t, device=self.device).expand(len(group), t)
-            hidden = self.forward(ids, pos, None)
-            logp = torch.log_softmax(F.linear(hidden, self.w.lm_head).float(), dim=-1)
+            hidden = self.forward(ids, pos, None, layers=layers)
+            final = hidden[..., -self.cfg.hidden_size :]  # the LM head reads the last layer's
+            logp = torch.log_softmax(F.linear(final, self.w.lm_head).float(), dim=-1)
             top = logp.topk(top_k, dim=-1)
             for row, i in enumerate(order[start:end]):
                 n = len(seqs[i])

@@ -160,6 +160,7 @@ def _distill(args: argparse.Namespace) -> int:
         max_teacher_seconds=args.max_teacher_seconds,
         answers_file=Path(args.answers) if args.answers else None,
         answers_only=args.answers_only,
+        features=args.features,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     summary = {k: v for k, v in report.items() if k != "losses"}
@@ -250,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dist.add_argument(
         "--answers-only", action="store_true", help="only make the target's answers (--answers)"
+    )
+    dist.add_argument(
+        "--features",
+        default="layers",
+        choices=["layers", "final"],
+        help="target features the drafter reads: low+middle+final layers, or the final alone",
     )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)

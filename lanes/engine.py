@@ -105,6 +105,8 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         drafts_here = parallel is None or parallel.rank == 0  # the drafter lives on rank 0
         self.proposer = proposer or (make_proposer(cfg.drafter, cfg, ckpt) if drafts_here else None)
+        if self._observing:  # the target keeps the features this drafter reads
+            self.runner.decoder.feature_layers = self.proposer.target_feature_layers
         self.waiting: list[Lane] = []
         self.running: list[Lane] = []
         # Consulted between host-managed forwards: return True to cancel that request now.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from lanes import Engine, EngineConfig, SamplingParams
@@ -60,7 +61,7 @@ def test_distill_toy(tiny_models, tmp_path):
         assert drafted.token_ids == plain.token_ids and drafted.num_drafted > 0
 
 
-def _random_head(target_dir, out, vocab_size):
+def _random_head(target_dir, out, vocab_size, layers=None):
     """An untrained drafter (random layer) saved like `lanes distill` saves one; the head
     keeps the bf16-rounded weights the engine will load."""
     from drafter.distill import EagleHead, hf_config, save
@@ -70,20 +71,22 @@ def _random_head(target_dir, out, vocab_size):
     target = open_checkpoint(str(target_dir))
     cfg = ModelConfig.from_hf(hf_config(target.config, num_layers=1))
     torch.manual_seed(0)
-    head = EagleHead(cfg, target, torch.arange(0, vocab_size, 2), "cpu")
+    head = EagleHead(cfg, target, torch.arange(0, vocab_size, 2), "cpu", layers)
     with torch.no_grad():
         for p in head.params.values():
             p.add_(torch.randn_like(p) * 0.3)
             p.copy_(p.to(torch.bfloat16).float())
     save(head, cfg, out)
-    (out / "drafter.json").write_text(json.dumps({"kind": "eagle"}))
+    meta = {"kind": "eagle", "target_feature_layers": None if layers is None else list(layers)}
+    (out / "drafter.json").write_text(json.dumps(meta))
     return head
 
 
-def test_eagle_drafts_match_training_passes(tiny_models, tmp_path):
+@pytest.mark.parametrize("layers", [None, (0, 1)], ids=["final-feature", "two-layers"])
+def test_eagle_drafts_match_training_passes(tiny_models, tmp_path, layers):
     target_dir, _ = tiny_models["smollm2"]
     out = tmp_path / "eagle"
-    head = _random_head(target_dir, out, 256)
+    head = _random_head(target_dir, out, 256, layers)
     k = 3
     engine = Engine(
         str(target_dir),
@@ -102,6 +105,7 @@ def test_eagle_drafts_match_training_passes(tiny_models, tmp_path):
     engine.generate(["one two three four"], SamplingParams(max_tokens=12, ignore_eos=True))
     assert len(seen) >= 3
     scorer = Engine(str(target_dir))
+    scorer.runner.decoder.feature_layers = layers  # what the drafter's engine keeps
 
     def expected(known, drafts, shift):
         ids = known + list(drafts[:-1])

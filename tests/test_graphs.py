@@ -43,14 +43,15 @@ def test_graphed_equals_eager(params):
     graphed.check_integrity()
 
 
-def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path):
+@pytest.mark.parametrize("layers", [None, (0, 1)], ids=["final-feature", "two-layers"])
+def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
     """The EAGLE-style drafter's forwards (features in a static buffer) replay as graphs and
     propose the eager drafts; output stays the undrafted one."""
     from tests.test_distill import _random_head
 
     target_dir, _ = tiny_models["smollm2"]
     out = tmp_path / "eagle"
-    _random_head(target_dir, out, 256)
+    _random_head(target_dir, out, 256, layers)
     prompts = ["one two three four five", "a b c d e f g h i j k l m n o p"]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     seen = {}

@@ -18,7 +18,10 @@ class Decoder:
     each lane's whole context, and returns logits for the rows in `batch.logits_indices`.
 
     `last_hidden` [num_tokens, hidden] keeps the final-norm output of every row of the latest
-    forward (what the LM head reads): the features an EAGLE-style drafter consumes.
+    forward (what the LM head reads): the features an EAGLE-style drafter consumes. With
+    `feature_layers` set (layer indices, the last one last), it is instead the normed residual
+    stream after each of those layers, side by side [num_tokens, len * hidden]: low, middle and
+    final layers together tell a drafter what the token is as well as what comes next.
     """
 
     def __init__(
@@ -33,6 +36,7 @@ class Decoder:
         self.vocab_start = vocab_start
         self.cos, self.sin = rope_tables(cfg, weights.embed.device)
         self.last_hidden: torch.Tensor | None = None
+        self.feature_layers: tuple[int, ...] | None = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
@@ -46,6 +50,7 @@ class Decoder:
                 torch.cat([residual, batch.features.to(residual.dtype)], -1), w.fuse
             )
         x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
+        kept = []  # feature_layers' outputs
         for i, layer in enumerate(w.layers):
             qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size]
             q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -64,7 +69,9 @@ class Decoder:
             down = self._reduce(ops.linear(F.silu(gate) * up, layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
             residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
-        self.last_hidden = x
+            if self.feature_layers is not None and i in self.feature_layers:
+                kept.append(x)
+        self.last_hidden = torch.cat(kept, dim=-1) if kept else x
         logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
         return logits if self.comm is None else self.comm.gather_last(logits)
 
