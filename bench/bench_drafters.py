@@ -83,6 +83,7 @@ def main() -> None:
         from drafter import make_proposer
 
         drafters["distilled"] = make_proposer(args.distilled, cfg, ckpt)
+        drafters["distilled+ngram"] = make_proposer(args.distilled + "+ngram", cfg, ckpt)
     if args.only:
         drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
     results = {}

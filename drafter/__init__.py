@@ -14,8 +14,9 @@ __all__ = ["Draft", "Proposer", "make_proposer"]
 
 
 def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Proposer | None:
-    """`--drafter`: "none", "ngram", a `lanes distill` (EAGLE-style) directory, or a drafter
-    model (HF directory, .gguf file, repo id)."""
+    """`--drafter`: "none", "ngram", a `lanes distill` (EAGLE-style) directory, such a
+    directory + "+ngram" (prompt lookup first, the head elsewhere: drafter/hybrid.py), or a
+    drafter model (HF directory, .gguf file, repo id)."""
     if spec in ("", "none"):
         return None
     if spec == "ngram":
@@ -26,6 +27,13 @@ def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Propos
 
     if is_eagle_dir(spec):
         return EagleDrafter(spec, target, config)
+    head, plus, lookup = spec.rpartition("+")
+    if plus and lookup == "ngram" and is_eagle_dir(head):
+        from drafter.hybrid import HybridProposer
+        from drafter.ngram import NgramProposer
+
+        # suffixes of 3+ tokens: shorter matches guess worse than the head does
+        return HybridProposer(EagleDrafter(head, target, config), NgramProposer(min_n=3))
     from drafter.model import ModelDrafter, with_shared_tensors
     from lanes.models import open_checkpoint
 

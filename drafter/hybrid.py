@@ -1,0 +1,50 @@
+"""Prompt lookup first, the EAGLE-style head elsewhere: one proposer made of both.
+
+Where the text repeats itself (a long suffix of the lane occurred before), the n-gram drafter's
+continuation is usually right and costs no forward; elsewhere the trained head drafts. The head
+still sees every target feature (`observe`, `prefill`), so after a run of n-gram rounds it
+catches up on the rows it skipped in its next forward, as after any accepted drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from drafter.base import Draft, Proposer
+from drafter.eagle import EagleDrafter
+from drafter.ngram import NgramProposer
+from lanes.lane import Lane
+
+
+class HybridProposer(Proposer):
+    name = "eagle+ngram"
+    uses_target_hidden = True
+
+    def __init__(self, head: EagleDrafter, lookup: NgramProposer) -> None:
+        self.head = head
+        self.lookup = lookup
+        self.target_feature_layers = head.target_feature_layers
+
+    def prefill(self, steps) -> None:
+        self.head.prefill(steps)
+
+    def observe(self, lane: Lane, start: int, hidden) -> None:
+        self.head.observe(lane, start, hidden)
+
+    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+        found = self.lookup.propose(lanes, num_drafts)
+        rest = [i for i, d in enumerate(found) if not d.token_ids]
+        if rest:
+            drafted = self.head.propose([lanes[i] for i in rest], [num_drafts[i] for i in rest])
+            for i, d in zip(rest, drafted, strict=True):
+                found[i] = d
+        return found
+
+    def accepted(self, lane: Lane) -> None:
+        self.head.accepted(lane)
+
+    def release(self, lane: Lane) -> None:
+        self.head.release(lane)
+
+    def check_integrity(self) -> None:
+        self.head.check_integrity()
