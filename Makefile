@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/lanes serve --drafter ngram
+	$(VENV)/bin/lanes serve --drafter drafter/weights/smollm2-135m-instruct+ngram
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
