@@ -1,11 +1,13 @@
 """`lanes distill`: train an EAGLE-style drafter (drafter/eagle.py) on a target's own outputs.
 
 Data, all offline (drafter/corpus.py): chat prompts cut from Python's documentation and from
-Shakespeare; the target answers each one (greedy, or sampled at temperature 0.7 with a seed),
-then one prefill over prompt + answer gives, at every position, the target's final-norm
-feature and its top-k next-token distribution.
+Shakespeare; the target answers each one (greedy, or sampled at temperature 0.7), as one dense
+batch (drafter/teacher.py), then prefills over prompt + answer give, at every position, the
+target's features (a low, a middle and the final layer, or the final-norm output alone) and its
+top-k next-token distribution.
 
-Model: `fuse` [h, 2h] mixes the embedding of the token at r + 1 with the target's feature at r,
+Model: `reduce` [h, 3h] maps the three layers' features to the drafter's width (absent with the
+final layer alone); `fuse` [h, 2h] mixes the embedding of the token at r + 1 with the feature at r,
 one Llama layer initialised from the target's last layer, the target's final norm; the LM head
 is the target's own embedding (tied), restricted to the `draft_vocab` ids the target emits most.
 

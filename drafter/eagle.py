@@ -20,9 +20,14 @@ one token after the block (a drafter row reads the next token): a lane whose pro
 target's cache finds the drafter's blocks for the same prefix. Only blocks computed entirely
 from real features are published.
 
+Features: the target's final-norm output, or (drafter.json "target_feature_layers") the normed
+outputs of several target layers side by side, which `eagle.reduce` maps to the drafter's width
+as they arrive (`observe`); the drafter's own guesses are already of its width.
+
 A drafter directory (`lanes distill`): config.json (a one-layer Llama config of the target's
-width), model.safetensors (layer 0, model.norm, eagle.fuse, optional eagle.vocab) and
-drafter.json {"kind": "eagle", "shared_with_target": ["model.embed_tokens.weight"], ...}.
+width), model.safetensors (layer 0, model.norm, eagle.fuse, optional eagle.vocab and
+eagle.reduce) and drafter.json {"kind": "eagle", "target_feature_layers": [...] or null,
+"shared_with_target": ["model.embed_tokens.weight"], ...}.
 """
 
 from __future__ import annotations
