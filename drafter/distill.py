@@ -127,7 +127,8 @@ def feature_layers(num_layers: int) -> tuple[int, ...]:
 
 
 def answer_key(prompt_ids: list[int], temperature: float, seed: int | None, max_tokens: int) -> str:
-    """What an answer depends on (besides the target): prompt ids and sampling parameters."""
+    """Names an answer slot: prompt ids and sampling parameters. (A sampled answer is one draw
+    of the target at that temperature; the seed only tells the sampled slots apart.)"""
     what = [prompt_ids, float(temperature), seed, max_tokens]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
