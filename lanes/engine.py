@@ -495,8 +495,9 @@ class Engine:
     def prompt_logits_and_features(
         self, prompts: list[Prompt]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """prompt_logits, with each prompt's final-norm features [len(prompt), hidden] (what an
-        EAGLE-style drafter reads; `lanes distill` trains on them)."""
+        """prompt_logits, with each prompt's features [len(prompt), hidden]: final-norm rows, or
+        the rows of the decoder's `feature_layers` when a drafter asked for them (what an
+        EAGLE-style drafter reads)."""
         return self._score(prompts, keep_features=True)
 
     def _score(self, prompts: list[Prompt], keep_features: bool) -> list[tuple]:
