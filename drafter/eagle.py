@@ -294,20 +294,8 @@ class EagleDrafter(Proposer):
                 wanted[lane.request_id] = k
                 end = shadow.num_known
                 feats = shadow.features_until(end, self._zero)
-                # with CUDA graphs, every row asks logits (only the last is used): a step whose
-                # rows all yield logits fits a graph bucket instead of running eagerly
-                n = end - shadow.num_computed
-                graphs = self.runner.graphs
-                every_row = graphs is not None and n <= graphs.max_tokens_per_lane
-                steps.append(
-                    Step(
-                        shadow,
-                        shadow.num_computed,
-                        end,
-                        num_logits=n if every_row else 1,
-                        features=feats,
-                    )
-                )
+                n = self.runner.catch_up_logits(end - shadow.num_computed)
+                steps.append(Step(shadow, shadow.num_computed, end, num_logits=n, features=feats))
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break

@@ -129,15 +129,11 @@ class ModelDrafter(Proposer):
             # KV for the known tokens and drafts 1..k-1: positions < num_known + k - 1
             if k > 0 and self._reserve(shadow, lane.num_known + k - 1):
                 wanted[lane.request_id] = k
-        # First forward: catch up to the known tokens and draft one; then one token per forward.
-        # With CUDA graphs the catch-up asks logits of every row (only the last is used): a
-        # step whose rows all yield logits fits a graph bucket instead of running eagerly.
-        graphs = self.runner.graphs
 
+        # First forward: catch up to the known tokens and draft one; then one token per forward.
         def catch_up(sh: _Shadow) -> Step:
-            n = sh.num_known - sh.num_computed
-            every_row = graphs is not None and n <= graphs.max_tokens_per_lane
-            return Step(sh, sh.num_computed, sh.num_known, num_logits=n if every_row else 1)
+            n = self.runner.catch_up_logits(sh.num_known - sh.num_computed)
+            return Step(sh, sh.num_computed, sh.num_known, num_logits=n)
 
         steps = [catch_up(sh) for rid, sh in self.shadows.items() if rid in wanted]
         for j in range(max(wanted.values(), default=0)):

@@ -63,6 +63,13 @@ class ModelRunner:
             features=features,
         )
 
+    def catch_up_logits(self, num_tokens: int) -> int:
+        """Logits rows a drafter's catch-up step of `num_tokens` rows should ask for when it
+        needs only the last: with CUDA graphs every row (a step whose rows all yield logits fits
+        a graph bucket instead of running eagerly), else just the last."""
+        graphed = self.graphs is not None and num_tokens <= self.graphs.max_tokens_per_lane
+        return num_tokens if graphed else 1
+
     def execute(self, steps: Sequence[Step], all_logits: bool = False) -> torch.Tensor:
         """One forward over the steps; returns logits [num_logits_rows, vocab] in step order."""
         if self.graphs is not None and not all_logits and self.graphs.supports(steps):
