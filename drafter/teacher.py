@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from lanes.models import Checkpoint, assemble
 from lanes.models.rope import rope_tables
+from lanes.ops import rms_norm
 
 
 @dataclass
@@ -46,9 +47,7 @@ class DenseTarget:
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
-        return weight * xf.to(x.dtype)
+        return rms_norm(x, weight, self.cfg.rms_norm_eps)
 
     @torch.inference_mode()
     def forward(

@@ -66,7 +66,8 @@ class Ops:
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Plain-torch RMSNorm over the last dim, in float32 (the ops' and the distill teacher's)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -90,7 +91,7 @@ class ExactOps(Ops):
         return _by_row_tiles(lambda t: F.linear(t, weight, bias), x)
 
     def rms_norm(self, x, weight, eps):
-        return _by_row_tiles(lambda t: _rms_norm(t, weight, eps), x)
+        return _by_row_tiles(lambda t: rms_norm(t, weight, eps), x)
 
     def attention(self, q, k_cache, v_cache, batch):
         return exact_attention(q, k_cache, v_cache, batch)
@@ -104,7 +105,7 @@ class FastOps(Ops):
         return F.linear(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
-        return _rms_norm(x, weight, eps)
+        return rms_norm(x, weight, eps)
 
     def attention(self, q, k_cache, v_cache, batch):
         return sdpa_attention(q, k_cache, v_cache, batch)
