@@ -4,8 +4,9 @@
         [--new-tokens 128] [--k 4] [--device cpu]
 
 The prompts are drafter/corpus.py chat prompts drawn with seed 12345 (training uses seed 0), all
-in one batch; generation stops at end-of-sequence or after --new-tokens. Per drafter and
-temperature: drafts kept per verify step, tokens per verify step (kept drafts + the target's own
+in one batch, measured by drafter.distill.held_out_acceptance (the check `lanes distill` ends
+with); generation stops at end-of-sequence or after --new-tokens. Per drafter and temperature:
+drafts kept per verify step, tokens per verify step (kept drafts + the target's own
 token), and whether the drafted output equals the undrafted one. Writes
 bench/results/drafter-acceptance-<device>.json.
 """
@@ -13,16 +14,14 @@ bench/results/drafter-acceptance-<device>.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 from pathlib import Path
 
 import torch
 
-from drafter import make_proposer
 from drafter.corpus import chat_prompts, pydoc_texts, shakespeare_texts
-from lanes import Engine, EngineConfig, SamplingParams
+from drafter.distill import SAMPLED_TEMPERATURE, held_out_acceptance
 from lanes.models import open_checkpoint
 
 SHIPPED = Path(__file__).resolve().parent.parent / "drafter" / "weights" / "smollm2-135m-instruct"
@@ -39,30 +38,19 @@ def main() -> None:
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
-    cfg = EngineConfig(device=args.device, num_draft_tokens=args.k, adaptive_drafts=False)
     sources = {"pydoc": pydoc_texts(), "shakespeare": shakespeare_texts()}
     chats = chat_prompts(args.prompts, seed=12345, sources=sources)
-    plain = Engine(checkpoint=ckpt, config=cfg)
     rows = []
-    for temp in (0.0, 0.7):
-        params = [
-            SamplingParams(max_tokens=args.new_tokens, temperature=temp, seed=1000 + i)
-            for i in range(len(chats))
-        ]
-        want = plain.generate(chats, [dataclasses.replace(p, draft=False) for p in params])
-        for spec in args.drafters.split(","):
-            engine = Engine(checkpoint=ckpt, config=cfg, proposer=make_proposer(spec, cfg, ckpt))
-            got = engine.generate(chats, params)
-            steps = sum(c.num_target_steps - 1 for c in got)  # the first token has no drafts
+    for spec in args.drafters.split(","):
+        measured = held_out_acceptance(ckpt, spec, chats, args.new_tokens, args.device, args.k)
+        for temp, m in zip((0.0, SAMPLED_TEMPERATURE), measured.values(), strict=True):
             row = {
                 "drafter": spec.replace(str(SHIPPED), "shipped"),
                 "temperature": temp,
-                "drafts_kept_per_verify": round(sum(c.num_accepted for c in got) / steps, 3),
-                "tokens_per_verify": round(sum(len(c.token_ids) for c in got) / steps, 3),
-                "tokens": sum(len(c.token_ids) for c in got),
-                "drafted_equals_undrafted": all(
-                    a.token_ids == b.token_ids for a, b in zip(got, want, strict=True)
-                ),
+                "drafts_kept_per_verify": m["accepted_per_verify"],
+                "tokens_per_verify": m["tokens_per_target_step"],
+                "tokens": m["tokens"],
+                "drafted_equals_undrafted": m["drafted_equals_undrafted"],
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -489,12 +489,21 @@ def save(head: EagleHead, cfg: ModelConfig, out: Path) -> None:
 
 
 def held_out_acceptance(
-    target: Checkpoint, drafter_dir: Path, prompts: list, new_tokens: int, device: str
+    target: Checkpoint,
+    drafter: str | Path,
+    prompts: list,
+    new_tokens: int,
+    device: str,
+    num_draft_tokens: int = 4,
 ) -> dict:
-    """Mean drafts kept per verify step at k = 4 (no adaptive k), greedy and at temperature 0.7
-    (coupled), on prompts not trained on; and that the drafted output is the undrafted one."""
+    """Mean drafts kept per verify step at k = `num_draft_tokens` (no adaptive k), greedy and at
+    temperature 0.7 (coupled), on prompts not trained on; and that the drafted output is the
+    undrafted one. `drafter`: any `--drafter` spec (a distill directory, DIR+ngram, ngram)."""
     cfg = EngineConfig(
-        device=device, drafter=str(drafter_dir), num_draft_tokens=4, adaptive_drafts=False
+        device=device,
+        drafter=str(drafter),
+        num_draft_tokens=num_draft_tokens,
+        adaptive_drafts=False,
     )
     engine = Engine(checkpoint=target, config=cfg)
     result = {}
@@ -512,6 +521,7 @@ def held_out_acceptance(
             "tokens_per_target_step": round(
                 sum(len(c.token_ids) for c in drafted) / max(1, steps), 3
             ),
+            "tokens": sum(len(c.token_ids) for c in drafted),
             "drafted_equals_undrafted": all(
                 a.token_ids == b.token_ids for a, b in zip(drafted, plain, strict=True)
             ),
