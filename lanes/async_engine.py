@@ -1,12 +1,20 @@
 """The engine on a thread of its own, for asyncio callers (the server).
 
-Only the engine thread touches the Engine. Callers send commands through a queue; each request's
-progress comes back as events on that request's asyncio queue:
+Only the engine thread runs rounds. Callers never wait for a round to end:
+- `submit` validates and tokenizes on a worker thread (Engine.make_lane reads only what never
+  changes), gets its request id at once, and queues the lane; the engine thread takes it in
+  between two rounds.
+- `cancel` / `cancel_all` set flags the engine reads between two host-managed forwards.
+- `snapshot()` returns the state the engine thread last published (after every round, and
+  while idle), so /metrics and /debug/kv answer during a long prefill.
 
-    Accepted(prompt_len) -> Delta(...)* -> Finished(completion)      or   Failed(error)
+Each request's progress comes back as events on that request's asyncio queue:
 
-Cancelling (`RequestHandle.cancel`, e.g. on client disconnect) is seen by the engine between two
-host-managed forwards, through Engine.cancel_check.
+    Delta(...)* -> Finished(completion)      or      Delta(...)* -> Failed(error)
+
+The loop survives anything one request does: the engine keeps failures to the lanes they concern
+(Engine.step), a round that raises anyway fails the lanes in flight, and if the thread dies all
+the same, `alive` turns False (the server's /health says 503) and every waiting caller is failed.
 """
 
 from __future__ import annotations
@@ -15,21 +23,23 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lanes.engine import Completion, Engine, Prompt, RequestError
+from cache.block_pool import IntegrityError
+from lanes.engine import Completion, Engine, Prompt
 from lanes.lane import Lane
+from lanes.metrics import peak_memory_bytes
 from lanes.sampling import SamplingParams
 
 log = logging.getLogger("lanes")
 
-
-@dataclass(frozen=True)
-class Accepted:
-    request_id: int
-    prompt_len: int
+# While rounds run, the snapshot is refreshed at most this often, and the block-integrity check
+# (it walks every block) less often still; both always when the engine goes idle.
+_SNAPSHOT_EVERY_S = 0.05
+_INTEGRITY_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,14 @@ class Failed:
     error: Exception
 
 
+class EngineFailure(RuntimeError):
+    """The engine could not finish a request (not the request's fault, as far as it knows)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server is stopping and takes no new requests."""
+
+
 @dataclass
 class _Tracked:
     lane: Lane
@@ -60,18 +78,17 @@ class _Tracked:
 
 
 class RequestHandle:
-    def __init__(self, owner: AsyncEngine, events: asyncio.Queue) -> None:
+    def __init__(self, owner: AsyncEngine, lane: Lane, events: asyncio.Queue) -> None:
         self._owner = owner
         self._events = events
-        self.request_id: int | None = None
-        self.prompt_len = 0
+        self.request_id = lane.request_id
+        self.prompt_len = len(lane.prompt_ids)
 
     async def next_event(self) -> Any:
         return await self._events.get()
 
     def cancel(self) -> None:
-        if self.request_id is not None:
-            self._owner.cancel(self.request_id)
+        self._owner.cancel(self.request_id)
 
 
 class AsyncEngine:
@@ -79,116 +96,139 @@ class AsyncEngine:
         self.engine = engine
         self._commands: queue.Queue = queue.Queue()
         self._cancelled: set[int] = set()
+        self._cancel_everything = False
         self._cancel_lock = threading.Lock()
         self._tracked: dict[int, _Tracked] = {}
         self._thread = threading.Thread(target=self._run, name="lanes-engine", daemon=True)
         self._stopping = False
+        self._crashed = False
+        self._snapshot: dict = {}
+        self._integrity_at = self._snapshot_at = 0.0
         engine.cancel_check = self._is_cancelled
 
     # ---- caller side (event loop thread) --------------------------------------------------
 
     def start(self) -> None:
+        self._publish_snapshot(check=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running rounds (False before start, after stop or a crash)."""
+        return self._thread.is_alive() and not self._crashed and not self._stopping
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel every request and stop the engine thread."""
+        self.cancel_all()
         self._commands.put(("stop",))
         self._thread.join(timeout)
+
+    def make_lanes(self, prompts: list[tuple[Prompt, SamplingParams, str]]) -> list[Lane]:
+        """Validate and tokenize requests (any thread; raises RequestError for bad input)."""
+        return [self.engine.make_lane(p, params, salt) for p, params, salt in prompts]
+
+    def submit_lanes(self, lanes: list[Lane]) -> list[RequestHandle]:
+        """Queue lanes made by make_lanes, all at once; on the event loop's thread."""
+        if not self.alive:
+            raise ShuttingDown("the server is shutting down" if self._stopping else "engine down")
+        loop = asyncio.get_running_loop()
+        handles, queued = [], []
+        for lane in lanes:
+            events: asyncio.Queue = asyncio.Queue()
+
+            def post(event: Any, events: asyncio.Queue = events) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+            handles.append(RequestHandle(self, lane, events))
+            queued.append((lane, post))
+        self._commands.put(("submit", queued))
+        if self._crashed:  # died after the check above: nobody would answer these
+            self._fail_everything(EngineFailure("the engine stopped"))
+        return handles
 
     async def submit(
         self, prompt: Prompt, params: SamplingParams, cache_salt: str = ""
     ) -> RequestHandle:
-        """Queue a request; raises RequestError (bad input) before any output is produced."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        handle = RequestHandle(self, events)
+        """Validate and queue one request; raises RequestError (bad input) before any output."""
+        lanes = await asyncio.to_thread(self.make_lanes, [(prompt, params, cache_salt)])
+        return self.submit_lanes(lanes)[0]
 
-        def post(event: Any) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        self._commands.put(("submit", prompt, params, cache_salt, post))
-        first = await events.get()
-        if isinstance(first, Failed):
-            raise first.error
-        handle.request_id, handle.prompt_len = first.request_id, first.prompt_len
-        return handle
-
-    async def call(self, fn: Callable[[Engine], Any]) -> Any:
-        """Run fn(engine) on the engine thread between rounds; return its result."""
-        future = asyncio.get_running_loop().create_future()
-        loop = future.get_loop()
-
-        def done(result: Any, error: BaseException | None) -> None:
-            if not future.done():
-                future.set_exception(error) if error else future.set_result(result)
-
-        self._commands.put(("call", fn, lambda r, e: loop.call_soon_threadsafe(done, r, e)))
-        return await future
+    def snapshot(self) -> dict:
+        """Block bookkeeping and engine counters as the engine thread last published them."""
+        return self._snapshot
 
     def cancel(self, request_id: int) -> None:
         with self._cancel_lock:
             self._cancelled.add(request_id)
 
     def cancel_all(self) -> None:
-        """Cancel every request in flight (shutdown); safe from any thread."""
-        self._commands.put(("cancel_all",))
+        """Cancel every request in flight (shutdown); safe from any thread, seen between two
+        forwards."""
+        self._cancel_everything = True
 
     # ---- engine thread --------------------------------------------------------------------
 
     def _is_cancelled(self, request_id: int) -> bool:
+        if self._cancel_everything:
+            return True
         with self._cancel_lock:
             return request_id in self._cancelled
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # a bug in the loop itself: say so everywhere, hang nowhere
+            self._crashed = True
+            log.exception("the engine thread stopped")
+            self._fail_everything(EngineFailure(f"the engine stopped: {type(e).__name__}"))
+
+    def _loop(self) -> None:
+        dirty = False
         while True:
             idle = not self.engine.has_work()
+            if idle and dirty:
+                self._publish_snapshot(check=True)
+                dirty = False
             try:
                 command = self._commands.get(timeout=0.05) if idle else self._commands.get_nowait()
             except queue.Empty:
                 command = None
             if command is not None:
                 self._execute(command)
+                dirty = True
                 continue  # drain every waiting command before the next round
             if self._stopping:
+                self._publish_snapshot(check=True)
                 return
             if not idle:
                 self._round()
+                self._publish_snapshot(check=False)
+                dirty = True
 
     def _execute(self, command: tuple) -> None:
         kind = command[0]
         if kind == "submit":
-            _, prompt, params, salt, post = command
-            try:
-                lane = self.engine.submit(prompt, params, salt)
-            except (RequestError, ValueError) as e:
-                post(Failed(e))
-                return
-            hold = max((len(s) for s in params.stop), default=1) - 1
-            self._tracked[lane.request_id] = _Tracked(lane, post, hold=hold)
-            post(Accepted(lane.request_id, len(lane.prompt_ids)))
-        elif kind == "call":
-            _, fn, reply = command
-            try:
-                reply(fn(self.engine), None)
-            except Exception as e:  # the caller gets it; the engine keeps serving
-                reply(None, e)
-        elif kind == "cancel_all":
-            for rid in self._tracked:
-                self.cancel(rid)
+            for lane, post in command[1]:
+                if self._stopping or self._cancel_everything:
+                    post(Failed(ShuttingDown("the server is shutting down")))
+                    continue
+                hold = max((len(s) for s in lane.params.stop), default=1) - 1
+                self._tracked[lane.request_id] = _Tracked(lane, post, hold=hold)
+                self.engine.enqueue(lane)
         elif kind == "stop":
             self._stopping = True
-            self._execute(("cancel_all",))
+            self._cancel_everything = True
             while self.engine.has_work():
                 self._round()
 
     def _round(self) -> None:
         try:
             ended = self.engine.step()
-        except Exception as e:  # a bug, not bad input: fail the lanes in flight, keep serving
+        except Exception as e:  # the engine's own boundaries missed it: fail the lanes in flight
             log.exception("engine round failed")
             ended = []
             for rid, t in list(self._tracked.items()):
-                t.post(Failed(e))
+                t.post(Failed(EngineFailure(f"the engine round failed: {type(e).__name__}")))
                 del self._tracked[rid]
                 self.cancel(rid)
         for t in self._tracked.values():
@@ -197,9 +237,44 @@ class AsyncEngine:
             t = self._tracked.pop(completion.request_id, None)
             with self._cancel_lock:
                 self._cancelled.discard(completion.request_id)
-            if t is not None:
-                self._send_progress(t, final=True, text=completion.text)
-                t.post(Finished(completion))
+            if t is None:
+                continue
+            if completion.finish_reason == "error":
+                error = f"request {completion.request_id} failed in the engine ({completion.error})"
+                t.post(Failed(EngineFailure(error)))
+                continue
+            self._send_progress(t, final=True, text=completion.text)
+            t.post(Finished(completion))
+
+    def _fail_everything(self, error: Exception) -> None:
+        for t in self._tracked.values():
+            t.post(Failed(error))
+        self._tracked.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "submit":
+                for _, post in command[1]:
+                    post(Failed(error))
+
+    def _publish_snapshot(self, check: bool) -> None:
+        """Publish what /metrics and /debug/kv read; the integrity check at most every
+        _INTEGRITY_EVERY_S while rounds run, and always when `check` (idle)."""
+        now = time.monotonic()
+        if not check and now - self._snapshot_at < _SNAPSHOT_EVERY_S:
+            return
+        self._snapshot_at = now
+        previous = self._snapshot.get("integrity", "ok")
+        if check or now - self._integrity_at >= _INTEGRITY_EVERY_S:
+            self._integrity_at = now
+            try:
+                self.engine.check_integrity()
+                previous = "ok"
+            except IntegrityError as e:
+                previous = str(e)
+        self._snapshot = engine_report(self.engine, previous)
 
     @staticmethod
     def _send_progress(t: _Tracked, final: bool, text: str | None = None) -> None:
@@ -218,3 +293,24 @@ class AsyncEngine:
         )
         t.sent_tokens, t.sent_text = n, ready
         t.post(delta)
+
+
+def engine_report(engine: Engine, integrity: str) -> dict:
+    """Block bookkeeping and counters, computed on the engine thread between rounds."""
+    owned = {b for lane in engine.running for b in lane.block_table.blocks}
+    m = engine.metrics
+    return {
+        "blocks_total": engine.pool.num_blocks,
+        "blocks_free": engine.pool.num_free,
+        "blocks_cached": engine.cache.num_cached,
+        "blocks_owned_by_lanes": len(owned),
+        "active_lanes": len(engine.running),
+        "waiting_lanes": len(engine.waiting),
+        "integrity": integrity,
+        "draft_acceptance_rate": m.acceptance_rate,
+        "prefill_share": m.achieved_prefill_share,
+        "prompt_cache_bytes": engine.cache.num_cached * engine.bytes_per_block,
+        "peak_memory_bytes": peak_memory_bytes(engine.config.device),
+        "failed_requests": m.num_failures,
+        "rounds": m.num_rounds,
+    }

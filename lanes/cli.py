@@ -56,7 +56,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    from lanes.config import EngineConfig
+    from lanes.config import EngineConfig, api_key_from_env
     from lanes.engine import Engine
 
     logging.basicConfig(
@@ -74,21 +74,34 @@ def _serve(args: argparse.Namespace) -> int:
         kv_cache_bytes=args.kv_cache_bytes,
     )
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
+    options = dict(
+        host=args.host,
+        port=args.port,
+        name=name,
+        api_key=args.api_key or api_key_from_env(),
+        allow_special_tokens=args.allow_special_tokens,
+    )
     if args.tensor_parallel > 1:
         import functools
 
         from lanes.parallel import run_tensor_parallel
 
-        job = functools.partial(
-            serve_engine, host=args.host, port=args.port, name=name, api_key=args.api_key
+        run_tensor_parallel(
+            args.tensor_parallel, args.model, config, functools.partial(serve_engine, **options)
         )
-        run_tensor_parallel(args.tensor_parallel, args.model, config, job)
         return 0
-    serve_engine(Engine(args.model, config), args.host, args.port, name, args.api_key)
+    serve_engine(Engine(args.model, config), **options)
     return 0
 
 
-def serve_engine(engine, host: str, port: int, name: str, api_key: str | None) -> None:
+def serve_engine(
+    engine,
+    host: str,
+    port: int,
+    name: str,
+    api_key: str | None,
+    allow_special_tokens: bool = False,
+) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
 
@@ -97,7 +110,7 @@ def serve_engine(engine, host: str, port: int, name: str, api_key: str | None) -
     from lanes.server import build_app
 
     config = engine.config
-    app = build_app(engine, name, api_key=api_key)
+    app = build_app(engine, name, api_key=api_key, allow_special_tokens=allow_special_tokens)
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(
         "serving %s (%s) | drafter %s | %s on %s | %s mode | tensor parallel %d | KV %d tokens (%d blocks) | http://%s:%d/v1",
@@ -275,7 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-lanes", type=int, default=16)
     serve.add_argument("--prompt-cache-bytes", type=int, default=256 * 2**20)
     serve.add_argument("--kv-cache-bytes", type=int, default=512 * 2**20)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: $LANES_API_KEY, else no key)",
+    )
+    serve.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="let chat messages spell control tokens (refused by default: they could fake a turn)",
+    )
     serve.add_argument(
         "--tensor-parallel", type=int, default=1, help="ranks (processes; one GPU each on CUDA)"
     )

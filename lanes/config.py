@@ -31,6 +31,11 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
+def api_key_from_env() -> str | None:
+    """The server's API key from $LANES_API_KEY (kept off the command line, where `ps` shows it)."""
+    return os.environ.get("LANES_API_KEY") or None
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """llama3-style frequency scaling (Llama 3.1 / 3.2); `None` on the model means plain RoPE."""
@@ -86,60 +91,94 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from a transformers `config.json` dict; unknown architectures name the known ones."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"expected a JSON object, got {type(raw).__name__}")
         archs = raw.get("architectures") or []
-        arch = archs[0] if archs else raw.get("model_type", "?")
+        arch = archs[0] if isinstance(archs, list) and archs else raw.get("model_type", "?")
+        if not isinstance(arch, str):
+            raise ConfigError(f"'architectures' must name a class, got {archs!r:.60}")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
                 f"unsupported architecture {arch!r}; lanes supports: "
                 + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             )
         family = SUPPORTED_ARCHITECTURES[arch]
-        num_heads = raw["num_attention_heads"]
-        max_pos = raw.get("max_position_embeddings", 2048)
+        hidden = _number(raw, "hidden_size", int)
+        num_heads = _number(raw, "num_attention_heads", int)
+        if num_heads <= 0:
+            raise ConfigError(f"'num_attention_heads' must be positive, got {num_heads}")
+        max_pos = _number(raw, "max_position_embeddings", int, 2048)
         window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
-        if family == "mistral" and window and window < max_pos:
+        if family == "mistral" and isinstance(window, int) and 0 < window < max_pos:
             max_pos = window  # full attention is exact only inside the window
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        if not all(isinstance(t, int) for t in eos_ids):
+            raise ConfigError(f"'eos_token_id' must be a token id or a list of them, got {eos!r}")
         return cls(
             family=family,
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_layers=raw["num_hidden_layers"],
+            vocab_size=_number(raw, "vocab_size", int),
+            hidden_size=hidden,
+            intermediate_size=_number(raw, "intermediate_size", int),
+            num_layers=_number(raw, "num_hidden_layers", int),
             num_heads=num_heads,
-            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            num_kv_heads=_number(raw, "num_key_value_heads", int, num_heads) or num_heads,
+            head_dim=_number(raw, "head_dim", int, 0) or hidden // num_heads,
+            rms_norm_eps=_number(raw, "rms_norm_eps", float, 1e-6),
             rope_theta=_rope_theta(raw),
             max_position_embeddings=max_pos,
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             rope_scaling=_rope_scaling(raw),
-            bos_token_id=raw.get("bos_token_id"),
+            bos_token_id=raw.get("bos_token_id")
+            if isinstance(raw.get("bos_token_id"), int)
+            else None,
             eos_token_ids=eos_ids,
         )
 
 
+def _number(raw: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    """A numeric config field, or a ConfigError naming it (missing, wrong type)."""
+    value = raw.get(name, default)
+    if value is None and default is None:
+        raise ConfigError(f"'{name}' is missing")
+    if value is None:
+        return default
+    ok = isinstance(value, int) if kind is int else isinstance(value, int | float)
+    if not ok or isinstance(value, bool):
+        raise ConfigError(
+            f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r:.40}"
+        )
+    return kind(value)
+
+
 def _rope_theta(raw: dict[str, Any]) -> float:
     params = raw.get("rope_parameters") or {}
-    return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    if not isinstance(params, dict):
+        raise ConfigError("'rope_parameters' must be an object")
+    return _number(
+        {"rope_theta": raw.get("rope_theta") or params.get("rope_theta") or 10000.0},
+        "rope_theta",
+        float,
+    )
 
 
 def _rope_scaling(raw: dict[str, Any]) -> RopeScaling | None:
     # transformers 4.x writes `rope_scaling`, 5.x `rope_parameters`; both carry `rope_type`.
     spec = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    if not isinstance(spec, dict):
+        raise ConfigError("'rope_scaling' must be an object")
     kind = spec.get("rope_type") or spec.get("type") or "default"
     if kind == "default":
         return None
     if kind != "llama3":
         raise ConfigError(f"unsupported rope scaling {kind!r}; lanes supports: default, llama3")
     return RopeScaling(
-        factor=float(spec["factor"]),
-        low_freq_factor=float(spec["low_freq_factor"]),
-        high_freq_factor=float(spec["high_freq_factor"]),
-        original_max_position_embeddings=int(spec["original_max_position_embeddings"]),
+        factor=_number(spec, "factor", float),
+        low_freq_factor=_number(spec, "low_freq_factor", float),
+        high_freq_factor=_number(spec, "high_freq_factor", float),
+        original_max_position_embeddings=_number(spec, "original_max_position_embeddings", int),
     )
 
 

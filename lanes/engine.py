@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,13 +41,16 @@ class RequestError(ValueError):
     """A request lanes cannot serve (too long, empty, bad ids): the engine keeps running."""
 
 
+log = logging.getLogger("lanes")
+
+
 @dataclass(frozen=True)
 class Completion:
     request_id: int
     prompt_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
     logprobs: list[float]  # log-probability of each chosen token under the sampled distribution
     cached_tokens: int  # prompt tokens found in the prompt cache at admission
     arrival_time: float  # engine clock
@@ -55,6 +59,7 @@ class Completion:
     num_accepted: int = 0  # of them, kept
     num_target_steps: int = 0  # target forwards that yielded this request's tokens
     top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    error: str | None = None  # finish_reason "error": the exception's type (the log has the rest)
 
     @property
     def ttft(self) -> float | None:
@@ -125,7 +130,7 @@ class Engine:
             return self.tokenizer.encode(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
             return self.tokenizer.encode_chat(prompt)
-        if all(isinstance(t, int) for t in prompt):
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
         raise RequestError("a prompt is a string, a list of token ids, or a list of messages")
 
@@ -134,9 +139,13 @@ class Engine:
 
     def submit(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> Lane:
         """Validate and queue a request; its lane shows progress (output_ids, text) as it runs."""
-        lane = self._new_lane(prompt, params, cache_salt)
-        self.waiting.append(lane)
+        lane = self.make_lane(prompt, params, cache_salt)
+        self.enqueue(lane)
         return lane
+
+    def enqueue(self, lane: Lane) -> None:
+        """Queue a lane made by make_lane (on the engine's thread)."""
+        self.waiting.append(lane)
 
     def cached_prefix_len(self, prompt: Prompt, cache_salt: str = "") -> int:
         """Tokens of this prompt's prefix the prompt cache holds now (whole blocks)."""
@@ -148,8 +157,13 @@ class Engine:
         """Cancel a request; takes effect at the next step boundary (its prefix is kept)."""
         self._cancel_requested.add(request_id)
 
-    def _new_lane(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> Lane:
-        """Validate a request and make its lane (not yet queued)."""
+    def make_lane(self, prompt: Prompt, params: SamplingParams, cache_salt: str = "") -> Lane:
+        """Validate a request and make its lane, not yet queued. Reads only what never changes
+        (tokenizer, shapes, pool size), so another thread may call it while rounds run."""
+        try:
+            cache_salt.encode()
+        except UnicodeEncodeError as e:
+            raise RequestError("cache_salt is not valid Unicode (an unpaired surrogate)") from e
         ids = self.encode(prompt)
         vocab = self.model_config.vocab_size
         if not ids:
@@ -183,34 +197,38 @@ class Engine:
     # ---- one round ------------------------------------------------------------------------
 
     def step(self) -> list[Completion]:
-        """Run one lane round; return the requests that ended in it (finished or cancelled)."""
+        """Run one lane round; return the requests that ended in it (finished, cancelled, or
+        failed). A failure is kept to the lanes it concerns: a stage that raises for several
+        lanes is retried one lane at a time, and only the lanes that fail alone end, with
+        finish_reason "error"; the others go on as if nothing happened."""
         host_start = self.clock()
         ended = self._apply_cancellations()
-        self._admit()
-        plan = self._plan()
+        ended += self._admit()
+        plan, failed = self._plan_isolated()
+        ended += failed
         if not plan.steps:
             return ended
         host_seconds = self.clock() - host_start
         start = self.clock()
-        plan = self._fill_drafts(plan)
+        plan, failed = self._fill_drafts_isolated(plan)
+        ended += failed
         num_prefill = num_decode = num_forwards = 0
         decode_steps = {id(s) for s in plan.decode}
         for group in plan.forwards():
             group = tuple(s for s in group if not s.lane.is_finished)  # cancelled mid-round
             if not group:
                 continue
-            ended += self._run_forward(group)
-            self._drafter_prefill(s for s in group if id(s) not in decode_steps)
-            if self.config.device.startswith("cuda") and any(
-                id(s) not in decode_steps for s in group
-            ):
+            ended += self._run_forward_isolated(group)
+            prefill = [s for s in group if id(s) not in decode_steps]
+            ended += self._isolated(self._drafter_prefill, prefill)
+            if self.config.device.startswith("cuda") and prefill:
                 # Prefill chunks sample nothing, so nothing else makes the host wait for them:
                 # without this, the host queues a whole long prompt in milliseconds and a cancel
                 # arriving later saves no GPU time. Waiting costs only the host's planning time.
                 torch.cuda.synchronize(self.config.device)
             num_forwards += 1
             num_decode += sum(s.num_tokens for s in group if id(s) in decode_steps)
-            num_prefill += sum(s.num_tokens for s in group if id(s) not in decode_steps)
+            num_prefill += sum(s.num_tokens for s in prefill)
             ended += self._apply_cancellations()
         seconds = self.clock() - start
         self.share.record(num_prefill, num_decode, seconds)
@@ -227,6 +245,98 @@ class Engine:
         )
         return ended
 
+    # ---- error boundaries -----------------------------------------------------------------
+
+    def _fail(self, lane: Lane, error: BaseException) -> Completion:
+        """End a lane whose request broke something: it alone fails. Its whole computed blocks
+        still go to the prompt cache (their forwards completed before the failure)."""
+        log.error(
+            "request %d failed: %s", lane.request_id, error, exc_info=(type(error), error, None)
+        )
+        self.metrics.num_failures += 1
+        lane.finish_reason = "error"
+        lane.error = type(error).__name__  # what the client sees; the log has the message
+        return self._end(lane, LaneState.CANCELLED)
+
+    def _isolated(
+        self, stage: Callable[[list[Step]], object], steps: list[Step]
+    ) -> list[Completion]:
+        """Run stage(steps); if it raises, rerun it one step at a time and fail the lanes whose
+        step fails alone. For stages that change no lane before they can raise."""
+        steps = [s for s in steps if not s.lane.is_finished]
+        if not steps:
+            return []
+        try:
+            stage(steps)
+            return []
+        except Exception as e:
+            if len(steps) == 1:
+                return [self._fail(steps[0].lane, e)]
+        ended = []
+        for s in steps:
+            try:
+                stage([s])
+            except Exception as e:
+                ended.append(self._fail(s.lane, e))
+        return ended
+
+    def _run_forward_isolated(self, group: tuple[Step, ...]) -> list[Completion]:
+        """One forward; if it raises (before any lane changed), each step runs in a forward of
+        its own: batch-invariant numerics give the same tokens either way."""
+        try:
+            return self._run_forward(group)
+        except Exception as e:
+            if len(group) == 1:
+                return [self._fail(group[0].lane, e)]
+        ended = []
+        for s in group:
+            try:
+                ended += self._run_forward((s,))
+            except Exception as e:
+                ended.append(self._fail(s.lane, e))
+        return ended
+
+    def _plan_isolated(self) -> tuple[LaneRound, list[Completion]]:
+        """Plan the round; if planning raises, fail the lanes that cannot be planned alone."""
+        try:
+            return self._plan(), []
+        except Exception:
+            log.exception("planning a round failed; planning each lane alone")
+        failed = []
+        for lane in list(self.running):
+            try:
+                plan_round(
+                    [lane], 1, self.config.prefill_chunk, self.config.block_size, self._num_drafts
+                )
+            except Exception as e:
+                failed.append(self._fail(lane, e))
+        try:
+            return self._plan(), failed
+        except Exception as e:  # not any one lane's fault: every running lane fails
+            failed += [self._fail(lane, e) for lane in list(self.running)]
+            return LaneRound((), (), self.config.prefill_chunk), failed
+
+    def _fill_drafts_isolated(self, plan: LaneRound) -> tuple[LaneRound, list[Completion]]:
+        """Drafts for the plan; a lane whose drafts fail alone fails (its step is dropped)."""
+        try:
+            return self._fill_drafts(plan), []
+        except Exception:
+            log.exception("proposing drafts failed; proposing for each lane alone")
+        failed = self._isolated(
+            lambda steps: self.proposer.propose(
+                [s.lane for s in steps], [s.num_drafts for s in steps]
+            ),
+            [s for s in plan.decode if s.num_drafts],
+        )
+        keep = tuple(s for s in plan.decode if not s.lane.is_finished)
+        plan = dataclasses.replace(plan, decode=keep)
+        try:
+            return self._fill_drafts(plan), failed
+        except Exception as e:  # not any one lane's fault: drafting lanes fail
+            failed += [self._fail(s.lane, e) for s in plan.decode if s.num_drafts]
+            keep = tuple(s for s in plan.decode if not s.lane.is_finished)
+            return dataclasses.replace(plan, decode=keep), failed
+
     def _run_forward(self, steps: tuple[Step, ...]) -> list[Completion]:
         logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
         hidden = self.runner.last_hidden if self._observing else None
@@ -234,43 +344,54 @@ class Engine:
         row = hidden_row = 0
         now = None
         for s in steps:
-            lane = s.lane
             rows_hidden = None if hidden is None else hidden[hidden_row : hidden_row + s.num_tokens]
             hidden_row += s.num_tokens
-            if not s.samples:
-                lane.num_computed = s.end  # the forward has completed: this KV is now valid
-                self._observe(s, rows_hidden)
-                continue
             rows = logits[row : row + s.num_logits]
             row += s.num_logits
-            emitted = verify(
-                self.config.verify_mode,
-                rows,
-                s.draft_ids,
-                s.draft_logprobs,
-                lane.params,
-                s.end - s.num_logits + 1,
-            )
-            lane.num_sampling_steps += 1
-            # the first token read back synchronises with the device: stamp times after it
-            now = now if now is not None else self.clock()
-            if s.draft_ids:
-                record_verify(lane, len(s.draft_ids), len(emitted) - 1)
-            lane.state = LaneState.DECODE
-            for token, logprobs in emitted:
-                self._append(lane, token, logprobs, now)
-                if lane.finish_reason is not None:
-                    break
-            if lane.finish_reason is not None:
-                ended.append(self._end(lane, LaneState.DONE))
+            try:
+                if not s.samples:
+                    s.lane.num_computed = s.end  # the forward has completed: this KV is valid
+                    self._observe(s, rows_hidden)
+                    continue
+                # the first token read back synchronises with the device: stamp times after it
+                now = now if now is not None else self.clock()
+                done = self._take_tokens(s, rows, rows_hidden, now)
+            except Exception as e:  # this lane's sampling or output broke; the others go on
+                ended.append(self._fail(s.lane, e))
                 continue
-            # KV is valid up to the last kept token's input; rejected drafts' positions are not.
-            lane.num_computed = min(s.end, lane.num_known - 1)
-            self.cache.release(lane.block_table.truncate(lane.num_known))
-            self._observe(s, rows_hidden)
-            if self.proposer is not None and s.draft_ids:
-                self.proposer.accepted(lane)
+            if done is not None:
+                ended.append(done)
         return ended
+
+    def _take_tokens(
+        self, s: Step, rows: torch.Tensor, hidden: torch.Tensor | None, now: float
+    ) -> Completion | None:
+        """Sample and verify one step's logits rows, append the tokens; the lane's Completion if
+        it ended."""
+        lane = s.lane
+        emitted = verify(
+            self.config.verify_mode,
+            rows,
+            s.draft_ids,
+            s.draft_logprobs,
+            lane.params,
+            s.end - s.num_logits + 1,
+        )
+        lane.num_sampling_steps += 1
+        if s.draft_ids:
+            record_verify(lane, len(s.draft_ids), len(emitted) - 1)
+        lane.state = LaneState.DECODE
+        for token, logprobs in emitted:
+            self._append(lane, token, logprobs, now)
+            if lane.finish_reason is not None:
+                return self._end(lane, LaneState.DONE)
+        # KV is valid up to the last kept token's input; rejected drafts' positions are not.
+        lane.num_computed = min(s.end, lane.num_known - 1)
+        self.cache.release(lane.block_table.truncate(lane.num_known))
+        self._observe(s, hidden)
+        if self.proposer is not None and s.draft_ids:
+            self.proposer.accepted(lane)
+        return None
 
     @property
     def _observing(self) -> bool:
@@ -322,11 +443,11 @@ class Engine:
         self.metrics.drafter_seconds += self.clock() - start
         return dataclasses.replace(plan, decode=tuple(decode))
 
-    def _drafter_prefill(self, steps) -> None:
+    def _drafter_prefill(self, steps: list[Step]) -> None:
         """The drafter computes the same prompt chunks, in the same round."""
         if self.proposer is None:
             return
-        steps = [s for s in steps if self._drafting(s.lane) and not s.lane.is_finished]
+        steps = [s for s in steps if self._drafting(s.lane)]
         if steps:
             start = self.clock()
             self.proposer.prefill(steps)
@@ -334,17 +455,20 @@ class Engine:
 
     # ---- admission, planning, preemption --------------------------------------------------
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Completion]:
         """Waiting lanes join in order while a lane slot and blocks for a first chunk are free.
-        A joining lane starts from the longest cached prefix of its known tokens."""
-        bs = self.config.block_size
+        A joining lane starts from the longest cached prefix of its known tokens. Returns the
+        lanes that failed to join."""
+        failed = []
         while self.waiting and len(self.running) < self.config.max_lanes:
             lane = self.waiting[0]
-            tokens = lane.all_ids()
-            lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
-            usable = min(len(lane.block_keys), (len(tokens) - 1) // bs)  # recompute >= 1 token
-            matched = self.cache.match(lane.block_keys[:usable])
-            first_end = min(len(tokens), len(matched) * bs + self.config.prefill_chunk)
+            try:
+                matched = self._match_prefix(lane)
+            except Exception as e:
+                failed.append(self._fail(lane, e))
+                continue
+            bs = self.config.block_size
+            first_end = min(lane.num_known, len(matched) * bs + self.config.prefill_chunk)
             if self.running and -(-first_end // bs) - len(matched) > self.cache.num_available:
                 self.cache.release(matched)
                 break
@@ -356,6 +480,15 @@ class Engine:
                 self.metrics.cached_tokens += lane.num_computed
             lane.state = LaneState.FILL
             self.running.append(self.waiting.pop(0))
+        return failed
+
+    def _match_prefix(self, lane: Lane) -> list[int]:
+        """The cached blocks of the lane's longest cached prefix (referenced for the lane)."""
+        bs = self.config.block_size
+        tokens = lane.all_ids()
+        lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
+        usable = min(len(lane.block_keys), (len(tokens) - 1) // bs)  # recompute >= 1 token
+        return self.cache.match(lane.block_keys[:usable])
 
     def _plan(self) -> LaneRound:
         """Plan a round whose blocks fit; preempt the newest lanes until they do."""
@@ -448,6 +581,7 @@ class Engine:
             num_accepted=lane.num_accepted,
             num_target_steps=lane.num_sampling_steps,
             top_logprobs=list(lane.output_top_logprobs),
+            error=lane.error,
         )
 
     def _max_len(self, lane: Lane) -> int:
@@ -465,18 +599,23 @@ class Engine:
                 list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
             )
         lane.token_times.append(now)
-        lane.text += lane.detokenizer.push(token)
+        piece = lane.detokenizer.push(token)
+        lane.text += piece
         is_stop_token = (
             token in self.eos_token_ids and not p.ignore_eos
         ) or token in p.stop_token_ids
-        if is_stop_token or (p.stop and self._cut_at_stop(lane)):
+        if is_stop_token or (p.stop and piece and self._cut_at_stop(lane, len(piece))):
             lane.finish_reason = "stop"
         elif lane.num_known >= self._max_len(lane):
             lane.finish_reason = "length"
 
     @staticmethod
-    def _cut_at_stop(lane: Lane) -> bool:
-        hits = [i for i in (lane.text.find(s) for s in lane.params.stop) if i >= 0]
+    def _cut_at_stop(lane: Lane, num_new: int) -> bool:
+        """Cut the text at the first stop string; only a match that takes new text can be new,
+        so the search looks at the tail alone (a long output costs no more per token)."""
+        longest = max(len(s) for s in lane.params.stop)
+        tail = max(0, len(lane.text) - num_new - longest + 1)
+        hits = [i for i in (lane.text.find(s, tail) for s in lane.params.stop) if i >= 0]
         if hits:
             lane.text = lane.text[: min(hits)]
         return bool(hits)
@@ -501,7 +640,7 @@ class Engine:
         return self._score(prompts, keep_features=True)
 
     def _score(self, prompts: list[Prompt], keep_features: bool) -> list[tuple]:
-        lanes = [self._new_lane(p, SamplingParams(max_tokens=1)) for p in prompts]
+        lanes = [self.make_lane(p, SamplingParams(max_tokens=1)) for p in prompts]
         need = sum(lane.block_table.blocks_needed(lane.num_known) for lane in lanes)
         if need > self.cache.num_available:
             raise RequestError(
@@ -532,7 +671,7 @@ class Engine:
         per = params if isinstance(params, list) else [params] * len(prompts)
         if len(per) != len(prompts):
             raise RequestError("one SamplingParams per prompt, or one for all")
-        lanes = [self._new_lane(p, sp, cache_salt) for p, sp in zip(prompts, per, strict=True)]
+        lanes = [self.make_lane(p, sp, cache_salt) for p, sp in zip(prompts, per, strict=True)]
         self.waiting.extend(lanes)  # all valid, or none queued
         ids = [lane.request_id for lane in lanes]
         done: dict[int, Completion] = {}

@@ -33,7 +33,8 @@ class Lane:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the lane's blocks
     state: LaneState = LaneState.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None  # finish_reason "error": what failed
     text: str = ""  # output text so far (stop strings cut off)
     cache_salt: str = ""
     block_keys: list[bytes] = field(default_factory=list)  # prompt-cache keys of full blocks

@@ -26,6 +26,7 @@ class EngineMetrics:
     cached_tokens: int = 0  # prompt tokens served from the prompt cache
     num_preemptions: int = 0
     num_cancellations: int = 0
+    num_failures: int = 0  # requests ended by an error in their own handling
     num_drafted: int = 0  # draft tokens verified (of ended requests)
     num_accepted: int = 0  # of them, kept
     num_verify_steps: int = 0

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from lanes.sampling import SamplingParams
 
+# Limits on one request, so no request can cost unbounded engine or host time (docs/serving.md).
 MAX_N = 16
+MAX_CHOICES = 64  # prompts x n: lanes one request may hold
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_JSON_DEPTH = 32
+MAX_SALT_CHARS = 1024
+MAX_TEMPERATURE = 2.0
+# A logprob of -inf (a token outside top-k / top-p) is not JSON; OpenAI reports such a floor.
+LOGPROB_FLOOR = -9999.0
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
@@ -50,6 +62,69 @@ class ParsedRequest:
     include_usage: bool
     cache_salt: str
     logprobs: int | None  # completions: top-N count; chat: top_logprobs (None: no logprobs)
+    max_tokens_given: bool = True  # False: generate up to the context
+
+
+def decode_body(raw: bytes) -> dict:
+    """The request body as a JSON object, or an ApiError saying what is wrong with it: not JSON,
+    NaN/Infinity, numbers too long, nesting too deep, not an object, unpaired surrogates."""
+
+    def refuse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite_float(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {text[:20]} is out of range")
+        return value
+
+    try:
+        body = json.loads(raw, parse_constant=refuse_constant, parse_float=finite_float)
+    except RecursionError as e:
+        raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from e
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ApiError(f"the request body is not valid JSON: {str(e)[:200]}") from e
+    if not isinstance(body, dict):
+        raise ApiError(f"the request body must be a JSON object, not {_json_type(body)}")
+    _check_values(body)
+    return body
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
+
+
+def _check_values(body: dict) -> None:
+    """Every string is encodable text (no unpaired surrogates, which a client cutting a string
+    mid-emoji sends), and nothing nests deeper than MAX_JSON_DEPTH."""
+    stack: list[tuple[Any, str, int]] = [(v, k, 1) for k, v in body.items()]
+    for key in body:
+        _check_text(key, key)
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, str):
+            _check_text(value, path)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _check_text(k, path)
+                stack.append((v, f"{path}.{k}", depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        top = path.split(".")[0].split("[")[0]
+        raise ApiError(
+            f"'{path}' is not valid Unicode: an unpaired surrogate at character {e.start}", top
+        ) from e
 
 
 def _get(body: dict, name: str, kind: type | tuple, default: Any = None) -> Any:
@@ -57,7 +132,10 @@ def _get(body: dict, name: str, kind: type | tuple, default: Any = None) -> Any:
     if value is None:
         return default
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError as e:
+            raise ApiError(f"'{name}' is out of range", name) from e
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ApiError(f"'{name}' must be {names}", name)
@@ -77,6 +155,11 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise ApiError(f"messages[{i}] needs a string 'role'", "messages")
+            if m["role"] not in ROLES:
+                raise ApiError(
+                    f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m['role'][:40]!r}",
+                    "messages",
+                )
             m["content"] = _text_content(m.get("content"), i)
         prompts: list[Any] = [messages]
     else:
@@ -84,33 +167,49 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
     n = _get(body, "n", int, 1)
     if not 1 <= n <= MAX_N:
         raise ApiError(f"'n' must be in [1, {MAX_N}]", "n")
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (
-        not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)
-    ):
-        raise ApiError("'stop' must be a non-empty string or a list of them", "stop")
+    if len(prompts) * n > MAX_CHOICES:
+        raise ApiError(
+            f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; "
+            f"one request may ask for at most {MAX_CHOICES}",
+            "prompt" if len(prompts) > 1 else "n",
+        )
+    stop = _stop_strings(body.get("stop"))
     if chat:
-        max_tokens = _get(body, "max_completion_tokens", int) or _get(body, "max_tokens", int)
+        max_tokens = _get(body, "max_completion_tokens", int)
+        if max_tokens is None:
+            max_tokens = _get(body, "max_tokens", int)
         logprobs = (
             _get(body, "top_logprobs", int, 0) if _get(body, "logprobs", bool, False) else None
         )
     else:
         max_tokens = _get(body, "max_tokens", int, 16)
         logprobs = _get(body, "logprobs", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
     if logprobs is not None and not 0 <= logprobs <= 20:
         raise ApiError("logprobs / top_logprobs must be in [0, 20]", "logprobs")
+    temperature = _get(body, "temperature", float, 1.0)
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ApiError(f"'temperature' must be in [0, {MAX_TEMPERATURE}]", "temperature")
+    top_k = _get(body, "top_k", int, 0)
+    if not -1 <= top_k < 2**31:
+        raise ApiError("'top_k' must be -1 or 0 (whole vocabulary) or a positive count", "top_k")
     seed = _get(body, "seed", int)
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise ApiError("'seed' must be a 64-bit integer", "seed")
+    salt = _get(body, "cache_salt", str, "")
+    if len(salt) > MAX_SALT_CHARS:
+        raise ApiError(f"'cache_salt' is longer than {MAX_SALT_CHARS} characters", "cache_salt")
     options = _get(body, "stream_options", dict, {})
     try:
         base = SamplingParams(
+            # unset: up to the context (the engine stops there)
             max_tokens=max_tokens if max_tokens is not None else context_len,
-            temperature=_get(body, "temperature", float, 1.0),
+            temperature=temperature,
             top_p=_get(body, "top_p", float, 1.0),
-            top_k=max(0, _get(body, "top_k", int, 0)),
-            seed=seed,
-            stop=tuple(stop or ()),
+            top_k=max(0, top_k),
+            seed=None if seed is None else seed % 2**63,
+            stop=stop,
             ignore_eos=_get(body, "ignore_eos", bool, False),
             draft=_get(body, "draft", bool, True),
             top_logprobs=logprobs or 0,
@@ -124,15 +223,59 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
         params=params,
         stream=_get(body, "stream", bool, False),
         include_usage=bool(options.get("include_usage")),
-        cache_salt=_get(body, "cache_salt", str, ""),
+        cache_salt=salt,
         logprobs=logprobs,
+        max_tokens_given=max_tokens is not None,
     )
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError("'stop' must be a non-empty string or a list of them", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ApiError(f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS}", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise ApiError(f"a stop string is longer than {MAX_STOP_CHARS} characters", "stop")
+    return tuple(stop)
+
+
+def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
+    """A request whose prompt and max_tokens do not fit the context is refused, not clipped."""
+    if prompt_len + max_tokens > context_len:
+        raise ApiError(
+            f"this model's context is {context_len} tokens; the prompt has {prompt_len} and "
+            f"max_tokens is {max_tokens} ({prompt_len + max_tokens} in all): lower max_tokens "
+            "or shorten the prompt",
+            "max_tokens",
+        )
+
+
+def refuse_control_tokens(messages: list[dict], control_tokens: list[str]) -> None:
+    """User text that spells a control token (e.g. "<|im_start|>system") would be tokenized into
+    the real token and could fake a turn; refuse it (`--allow-special-tokens` lets it through)."""
+    for i, m in enumerate(messages):
+        for token in control_tokens:
+            if token in m["content"]:
+                raise ApiError(
+                    f"messages[{i}].content contains the control token {token!r}; the server "
+                    "refuses it (started with --allow-special-tokens, it would pass)",
+                    "messages",
+                )
 
 
 def _with_seed(p: SamplingParams, seed: int) -> SamplingParams:
     import dataclasses
 
     return dataclasses.replace(p, seed=seed % 2**63)
+
+
+def _finite(logprob: float) -> float:
+    """-inf (and NaN) as OpenAI's floor, so every logprob is a JSON number."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 def _text_content(content: Any, i: int) -> str:
@@ -152,13 +295,17 @@ def _prompts(prompt: Any) -> list[Any]:
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if all(_is_id(t) for t in prompt):
             return [prompt]
         if all(isinstance(p, str) for p in prompt):
             return list(prompt)
-        if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
             return list(prompt)
     raise ApiError("'prompt' must be a string, a list of strings, or token ids", "prompt")
+
+
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
 
 
 def usage(prompt_tokens: int, completions: list, cached: int) -> dict:
@@ -179,7 +326,7 @@ def usage(prompt_tokens: int, completions: list, cached: int) -> dict:
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], top: list) -> dict:
     def entry(tid: int, lp: float) -> dict:
         text = tokenizer.decode([tid], skip_special_tokens=False)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode())}
 
     content = []
     for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
@@ -197,9 +344,9 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], 
         pos += len(t)
     return {
         "tokens": tokens,
-        "token_logprobs": logprobs,
+        "token_logprobs": [_finite(lp) for lp in logprobs],
         "top_logprobs": [
-            {tokenizer.decode([t], skip_special_tokens=False): v for t, v in top[i]}
+            {tokenizer.decode([t], skip_special_tokens=False): _finite(v) for t, v in top[i]}
             if i < len(top)
             else {}
             for i in range(len(tokens))

@@ -6,30 +6,36 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cache.block_pool import IntegrityError
-from lanes.async_engine import AsyncEngine, Delta, Failed, Finished, RequestHandle
-from lanes.engine import Engine, RequestError
-from lanes.metrics import peak_memory_bytes
+from lanes.async_engine import AsyncEngine, Delta, Failed, Finished, RequestHandle, ShuttingDown
+from lanes.engine import Engine
 from lanes.openai_api import (
     ApiError,
     ParsedRequest,
     chat_logprobs,
+    check_context,
     completion_logprobs,
+    decode_body,
     parse_request,
+    refuse_control_tokens,
     usage,
 )
 
+log = logging.getLogger("lanes")
+
 MAX_BODY_BYTES = 4 * 2**20
+BODY_TIMEOUT_S = 30.0  # a client gets this long to send its whole request body
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -70,11 +76,12 @@ class ServerMetrics:
                 "kv_blocks_total": "KV blocks in the pool",
                 "kv_integrity_ok": "1 if the block bookkeeping checks out",
                 "peak_memory_bytes": "Peak GPU memory allocated (CUDA), else peak resident set",
+                "engine_alive": "1 while the engine thread runs rounds",
             }.items()
         }
 
     def observe(self, prompt_len: int, completion) -> None:
-        self.requests.labels(completion.finish_reason).inc()
+        self.requests.labels(finish_reason(completion)).inc()
         self.prompt_tokens.inc(prompt_len)
         self.cached_tokens.inc(completion.cached_tokens)
         self.generated.inc(len(completion.token_ids))
@@ -85,32 +92,26 @@ class ServerMetrics:
             self.itl.observe(b - a)
 
 
-def kv_report(engine: Engine) -> dict:
-    """Block bookkeeping, computed on the engine thread between rounds."""
-    try:
-        engine.check_integrity()
-        integrity = "ok"
-    except IntegrityError as e:
-        integrity = str(e)
-    owned = {b for lane in engine.running for b in lane.block_table.blocks}
-    return {
-        "blocks_total": engine.pool.num_blocks,
-        "blocks_free": engine.pool.num_free,
-        "blocks_cached": engine.cache.num_cached,
-        "blocks_owned_by_lanes": len(owned),
-        "active_lanes": len(engine.running),
-        "waiting_lanes": len(engine.waiting),
-        "integrity": integrity,
-        "draft_acceptance_rate": engine.metrics.acceptance_rate,
-        "prefill_share": engine.metrics.achieved_prefill_share,
-        "prompt_cache_bytes": engine.cache.num_cached * engine.bytes_per_block,
-        "peak_memory_bytes": peak_memory_bytes(engine.config.device),
-    }
+def finish_reason(completion) -> str:
+    """OpenAI's name for how a choice ended: a cancelled one was aborted."""
+    return "abort" if completion.finish_reason == "cancelled" else completion.finish_reason
 
 
-def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> Starlette:
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def build_app(
+    engine: Engine,
+    model_name: str,
+    api_key: str | None = None,
+    *,
+    allow_special_tokens: bool = False,
+    body_timeout: float = BODY_TIMEOUT_S,
+) -> Starlette:
     runner = AsyncEngine(engine)
     metrics = ServerMetrics()
+    control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -128,17 +129,29 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
             raise ApiError("invalid or missing API key", status=401, kind="authentication_error")
 
     async def read_json(request: Request) -> dict:
-        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-            raise ApiError(f"request body over {MAX_BODY_BYTES} bytes", status=413)
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+        kind = request.headers.get("content-type")
+        if kind is not None and not kind.split(";")[0].strip().lower().endswith("json"):
+            raise ApiError(f"Content-Type must be application/json, not {kind[:60]!r}", status=415)
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(f"the request body is not valid JSON: {e}") from e
+            size = int(request.headers.get("content-length") or 0)
+        except ValueError as e:
+            raise ApiError("Content-Length is not a number") from e
+        if size > MAX_BODY_BYTES:
+            raise ApiError(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+
+        async def read() -> bytes:
+            raw = bytearray()
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_BODY_BYTES:
+                    raise ApiError(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+            return bytes(raw)
+
+        try:
+            raw = await asyncio.wait_for(read(), body_timeout)
+        except TimeoutError as e:
+            raise ApiError(f"the request body took over {body_timeout:g} s", status=408) from e
+        return decode_body(raw)
 
     async def completions(request: Request) -> Response:
         return await handle(request, chat=False)
@@ -146,27 +159,44 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
 
+    def lanes_for(parsed: ParsedRequest, chat: bool) -> list:
+        """Every choice's lane, validated and tokenized (off the event loop and the engine)."""
+        if chat:
+            refuse_control_tokens(parsed.prompts[0], control_tokens)
+        per_choice = [
+            (p, params, parsed.cache_salt) for p in parsed.prompts for params in parsed.params
+        ]
+        lanes = runner.make_lanes(per_choice)
+        if parsed.max_tokens_given:
+            for lane in lanes:
+                check_context(len(lane.prompt_ids), lane.params.max_tokens, engine.context_len)
+        return lanes
+
     async def handle(request: Request, chat: bool) -> Response:
-        handles: list[RequestHandle] = []
         try:
             check_key(request)
             body = await read_json(request)
             if body.get("model") not in (model_name, None):
                 raise ApiError(
-                    f"model {body.get('model')!r} is not served here; this server has {model_name!r}",
+                    f"model {str(body.get('model'))[:100]!r} is not served here; this server "
+                    f"has {model_name!r}",
                     "model",
                     404,
                     "not_found_error",
                 )
             parsed = parse_request(body, chat, engine.context_len)
-            for prompt in parsed.prompts:
-                for params in parsed.params:
-                    handles.append(await runner.submit(prompt, params, parsed.cache_salt))
-        except (ApiError, RequestError) as e:
-            for h in handles:
-                h.cancel()
-            err = e if isinstance(e, ApiError) else ApiError(str(e))
-            return JSONResponse(err.body(), status_code=err.status)
+            lanes = await asyncio.to_thread(lanes_for, parsed, chat)
+            handles = runner.submit_lanes(lanes)  # all at once: cancelled together, too
+        except ApiError as e:
+            return error_response(e)
+        except ValueError as e:  # RequestError, chat template errors: this request's input
+            return error_response(ApiError(str(e)))
+        except ShuttingDown as e:
+            return error_response(ApiError(str(e), status=503, kind="server_error"))
+        except Exception:  # a bug met while taking this request in: it alone fails
+            log.exception("taking a request failed")
+            message = "internal error while taking the request; the server log has the details"
+            return error_response(ApiError(message, status=500, kind="server_error"))
         ctx = _Context(chat, parsed, handles, model_name, engine.tokenizer, metrics)
         if parsed.stream:
             return StreamingResponse(ctx.sse(), media_type="text/event-stream")
@@ -176,7 +206,7 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
         try:
             check_key(request)
         except ApiError as e:
-            return JSONResponse(e.body(), status_code=e.status)
+            return error_response(e)
         model = {
             "id": model_name,
             "object": "model",
@@ -187,13 +217,15 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(request: Request) -> Response:
+        if not runner.alive:
+            return JSONResponse({"status": "engine not running"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def debug_kv(request: Request) -> Response:
-        return JSONResponse(await runner.call(kv_report))
+        return JSONResponse(runner.snapshot())
 
     async def prometheus(request: Request) -> Response:
-        report = await runner.call(kv_report)
+        report = runner.snapshot()
         g = metrics.gauges
         g["draft_acceptance_rate"].set(report["draft_acceptance_rate"] or 0.0)
         g["prefill_share"].set(report["prefill_share"] or 0.0)
@@ -205,7 +237,17 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
         g["kv_blocks_total"].set(report["blocks_total"])
         g["kv_integrity_ok"].set(1.0 if report["integrity"] == "ok" else 0.0)
         g["peak_memory_bytes"].set(report["peak_memory_bytes"])
+        g["engine_alive"].set(1.0 if runner.alive else 0.0)
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+
+    async def http_error(request: Request, e: HTTPException) -> Response:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return error_response(ApiError(message, status=e.status_code, kind=kind))
+
+    async def server_error(request: Request, e: Exception) -> Response:
+        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=e)
+        return error_response(ApiError("internal server error", status=500, kind="server_error"))
 
     app = Starlette(
         routes=[
@@ -216,6 +258,7 @@ def build_app(engine: Engine, model_name: str, api_key: str | None = None) -> St
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/debug/kv", debug_kv, methods=["GET"]),
         ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
     app.state.runner = runner
@@ -231,6 +274,18 @@ class _Context:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self._counted: set[int] = set()  # choices already in lanes_requests_total
+
+    def _count(self, i: int, event: Finished | Failed | None) -> None:
+        """Each choice once in the request metrics: as it ended, or as aborted if the client
+        left first."""
+        if i in self._counted:
+            return
+        self._counted.add(i)
+        if isinstance(event, Finished):
+            self.metrics.observe(self.handles[i].prompt_len, event.completion)
+        else:
+            self.metrics.requests.labels("error" if isinstance(event, Failed) else "abort").inc()
 
     async def _events(self) -> AsyncIterator[tuple[int, object]]:
         """(choice index, event) from every choice, as they come; ends when all are finished."""
@@ -248,19 +303,20 @@ class _Context:
             for _ in range(sum(1 for _ in self.handles)):
                 while True:
                     i, event = await merged.get()
+                    if isinstance(event, Finished | Failed):
+                        self._count(i, event)
                     yield i, event
                     if isinstance(event, Finished | Failed):
                         break
         finally:
             for t in tasks:
                 t.cancel()
-            for h in self.handles:  # a no-op for finished requests; cancels the rest
+            for i, h in enumerate(self.handles):  # a no-op for finished requests
                 h.cancel()
+                self._count(i, None)
 
     def _finish(self, completions: dict[int, object]) -> dict:
         done = list(completions.values())
-        for i, c in completions.items():
-            self.metrics.observe(self.handles[i].prompt_len, c)
         prompt_tokens = sum(h.prompt_len for h in self.handles[:: len(self.parsed.params)])
         cached = sum(
             c.cached_tokens for i, c in completions.items() if i % len(self.parsed.params) == 0
@@ -274,8 +330,12 @@ class _Context:
         return build(self.tokenizer, token_ids, logprobs, top)
 
     @staticmethod
-    def _reason(completion) -> str:
-        return "abort" if completion.finish_reason == "cancelled" else completion.finish_reason
+    def _failure(event: Failed) -> ApiError:
+        if isinstance(event.error, ShuttingDown):
+            return ApiError(str(event.error), status=503, kind="server_error")
+        return ApiError(
+            f"{event.error}; the server log has the details", status=500, kind="server_error"
+        )
 
     async def whole(self, request: Request) -> Response:
         completions: dict[int, object] = {}
@@ -283,12 +343,7 @@ class _Context:
         try:
             async for i, event in self._events():
                 if isinstance(event, Failed):
-                    return JSONResponse(
-                        ApiError(
-                            f"generation failed: {event.error}", status=500, kind="server_error"
-                        ).body(),
-                        status_code=500,
-                    )
+                    return error_response(self._failure(event))
                 if isinstance(event, Finished):
                     completions[i] = event.completion
         finally:
@@ -303,12 +358,12 @@ class _Context:
                         "index": i,
                         "message": {"role": "assistant", "content": c.text},
                         "logprobs": lp,
-                        "finish_reason": self._reason(c),
+                        "finish_reason": finish_reason(c),
                     }
                 )
             else:
                 choices.append(
-                    {"index": i, "text": c.text, "logprobs": lp, "finish_reason": self._reason(c)}
+                    {"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish_reason(c)}
                 )
         body = {
             "id": self.id,
@@ -375,12 +430,13 @@ class _Context:
                             "index": i,
                             key: {} if self.chat else "",
                             "logprobs": None,
-                            "finish_reason": self._reason(event.completion),
+                            "finish_reason": finish_reason(event.completion),
                         }
                     ]
                 )
             elif isinstance(event, Failed):
-                yield f"data: {json.dumps(ApiError(f'generation failed: {event.error}', status=500, kind='server_error').body())}\n\n"
+                yield f"data: {json.dumps(self._failure(event).body())}\n\n"
+                yield "data: [DONE]\n\n"
                 return
         total = self._finish(completions)
         if self.parsed.include_usage:

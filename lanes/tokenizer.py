@@ -54,6 +54,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def control_tokens(self) -> list[str]:
+        """The strings the tokenizer turns into special (control) tokens wherever they appear."""
+        added = self.tk.get_added_tokens_decoder().values()
+        return sorted({t.content for t in added if t.special and t.content})
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -9,7 +9,7 @@ import json
 
 from bench import bench_openai
 from lanes import Engine, EngineConfig
-from tests.test_server import MODEL, LiveServer
+from tests.live_server import MODEL, LiveServer
 
 
 def test_bench_openai_tiny(long_model_dir, tmp_path):

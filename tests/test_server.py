@@ -6,62 +6,15 @@ import asyncio
 import json
 import random
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
-import uvicorn
 
 from lanes import Engine, EngineConfig
-from lanes.server import build_app
-
-MODEL = "tiny"
-
-
-class LiveServer:
-    """uvicorn on a free loopback port, in a thread of this process."""
-
-    def __init__(self, engine: Engine, api_key: str | None = None) -> None:
-        self.app = build_app(engine, MODEL, api_key=api_key)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw
-        )
-
-    def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=30) as r:
-            return r.read().decode()
-
-    def kv(self) -> dict:
-        return json.loads(self.get("/debug/kv"))
+from tests.live_server import MODEL, LiveServer
 
 
 @pytest.fixture(scope="module")
@@ -305,10 +258,30 @@ def test_api_key(long_model_dir):
         assert json.loads(live.get("/health"))["status"] == "ok"  # health needs no key
 
 
-def test_lanes_serve_exits_promptly_on_sigterm(long_model_dir):
+def _stream_lines(port: int, body: dict) -> list[str]:
+    """POST a streaming completion; the SSE data lines until the server closes the stream."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        reply = conn.getresponse()
+        return [line.decode().strip() for line in reply if line.startswith(b"data:")]
+    except (OSError, http.client.HTTPException) as e:
+        return [f"connection error: {e!r}"]
+    finally:
+        conn.close()
+
+
+def test_sigterm_mid_prefill_ends_every_stream(long_model_dir):
+    """SIGTERM with 10 long prompts in prefill: every stream ends with a finish_reason and
+    [DONE], the process exits within the graceful timeout, and logs no traceback."""
     import signal
     import subprocess
     import sys
+    from concurrent.futures import ThreadPoolExecutor
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -340,16 +313,40 @@ def test_lanes_serve_exits_promptly_on_sigterm(long_model_dir):
             except OSError:
                 assert time.time() < deadline and proc.poll() is None, "server did not start"
                 time.sleep(0.1)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        stream = client.completions.create(
-            model=MODEL, prompt=LONG, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
-        )
-        next(iter(stream))  # the request is in flight
-        start = time.time()
-        proc.send_signal(signal.SIGTERM)
+        bodies = [
+            dict(
+                model=MODEL,
+                prompt=LONG[i:] + LONG[:i],
+                max_tokens=1000,
+                stream=True,
+                ignore_eos=True,
+            )
+            for i in range(10)
+        ]
+        with ThreadPoolExecutor(10) as pool:
+            streams = [pool.submit(_stream_lines, port, b) for b in bodies]
+            deadline = time.time() + 30
+            while True:  # every request has reached the engine
+                kv = json.loads(urllib.request.urlopen(url + "/debug/kv", timeout=5).read())
+                if kv["active_lanes"] + kv["waiting_lanes"] == 10:
+                    break
+                assert time.time() < deadline, kv
+                time.sleep(0.02)
+            start = time.time()
+            proc.send_signal(signal.SIGTERM)
+            results = [f.result(timeout=30) for f in streams]
         proc.wait(timeout=20)
-        assert time.time() - start < 10
+        assert time.time() - start < 5
+        for lines in results:
+            assert lines[-1] == "data: [DONE]", lines[-3:]
+            reasons = [
+                c["finish_reason"]
+                for line in lines[:-1]
+                for c in json.loads(line.removeprefix("data:"))["choices"]
+            ]
+            assert reasons[-1] in ("abort", "length"), lines[-3:]
         log = proc.stdout.read()
+        assert "Traceback" not in log, log
         assert (
             "serving tiny" in log and "exact mode" in log and f"http://127.0.0.1:{port}/v1" in log
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -52,12 +53,47 @@ def hf_name(gguf_name: str) -> str:
 
 
 def open_gguf(path: Path) -> Checkpoint:
+    check_header(path)
+    try:
+        return _open(path)
+    except (ConfigError, WeightError) as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"{path}: {e}") from e
+    except Exception as e:  # a malformed file may break the reader anywhere: name the file
+        raise WeightError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
+
+
+# GGUF v2/v3 header: magic, uint32 version, uint64 tensor count, uint64 metadata count. The
+# smallest tensor record is a name (8-byte length + 1) + dims (4) + one dim (8) + type (4) +
+# offset (8); the smallest metadata record a key (8 + 1) + type (4) + a 1-byte value.
+_HEADER = struct.Struct("<4sIQQ")
+_MIN_TENSOR_RECORD, _MIN_KV_RECORD = 33, 14
+
+
+def check_header(path: Path) -> None:
+    """Refuse a file whose header cannot be true (counts the file is too small to hold), before
+    a reader tries to allocate for them."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(_HEADER.size)
+    if len(head) < _HEADER.size or head[:4] != b"GGUF":
+        raise WeightError(f"{path} is not a GGUF file (no GGUF header; {size} bytes)")
+    _, version, num_tensors, num_kv = _HEADER.unpack(head)
+    if version not in (2, 3):
+        raise WeightError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    room = size - _HEADER.size
+    if num_tensors * _MIN_TENSOR_RECORD + num_kv * _MIN_KV_RECORD > room:
+        raise WeightError(
+            f"{path}: the header claims {num_tensors} tensors and {num_kv} metadata entries, "
+            f"more than {size} bytes can hold (truncated or corrupt)"
+        )
+
+
+def _open(path: Path) -> Checkpoint:
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as e:
-        raise WeightError(f"cannot read GGUF file {path}: {e}") from e
+    reader = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     tensors = {hf_name(t.name): t for t in reader.tensors}
     if "rope_freqs.weight" in tensors:
@@ -107,9 +143,16 @@ def _config(fields: dict, tensors: dict) -> ModelConfig:
         )
 
     def get(key: str, default=None):
-        return fields.get(f"{arch}.{key}", default)
+        value = fields.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ConfigError(f"GGUF metadata {arch}.{key} is missing")
+        return value
 
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    if heads <= 0:
+        raise ConfigError(
+            f"GGUF metadata {arch}.attention.head_count must be positive, got {heads}"
+        )
     tokens = fields.get("tokenizer.ggml.tokens") or []
     eos = fields.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(

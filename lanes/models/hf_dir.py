@@ -18,8 +18,10 @@ def open_hf_dir(path: Path) -> Checkpoint:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"{path} has no config.json")
-    raw = json.loads(config_file.read_text())
-    config = ModelConfig.from_hf(raw)
+    try:
+        config = ModelConfig.from_hf(json.loads(config_file.read_text()))
+    except (ValueError, UnicodeDecodeError) as e:  # ConfigError, JSONDecodeError
+        raise ConfigError(f"{config_file}: {e}") from e
     files = _safetensors_files(path)
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
