@@ -46,3 +46,65 @@ def test_bad_model_is_one_line_error():
 def test_bad_sampling_is_one_line_error(llama_dir):
     done = _lanes("generate", "--model", str(llama_dir), "--prompt", "x", "--top-p", "2")
     assert done.returncode == 2 and "top_p" in done.stderr
+
+
+def _broken_config(src, dst, change):
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(change(cfg)))
+    return dst
+
+
+def _one_line_error(model, *words, capsys) -> None:
+    """`lanes generate --model M` ends in one `lanes: error:` line naming the file and field."""
+    from lanes.cli import main
+
+    assert main(["generate", "--model", str(model), "--prompt", "x", "--max-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lanes: error:"), err
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+def _without(cfg, key):
+    del cfg[key]
+    return cfg
+
+
+def test_bad_config_json_is_one_line_error(llama_dir, tmp_path, capsys):
+    cases = {
+        "list": (lambda cfg: [cfg], "expected a JSON object"),
+        "no-heads": (lambda cfg: _without(cfg, "num_attention_heads"), "'num_attention_heads'"),
+        "zero-heads": (lambda cfg: cfg | {"num_attention_heads": 0}, "'num_attention_heads'"),
+        "big-vocab": (lambda cfg: cfg | {"vocab_size": "big"}, "'vocab_size'"),
+        "bad-eos": (lambda cfg: cfg | {"eos_token_id": "end"}, "'eos_token_id'"),
+    }
+    for name, (change, field) in cases.items():
+        model = _broken_config(llama_dir, tmp_path / name, change)
+        _one_line_error(model, "config.json", field, capsys=capsys)
+
+
+def test_bad_gguf_is_one_line_error(tiny_models, tmp_path, capsys):
+    import struct
+
+    from tests.test_gguf import write_gguf
+
+    hf_dir, hf = tiny_models["llama"]
+    good = tmp_path / "good.gguf"
+    write_gguf(good, hf_dir, hf)
+    data = good.read_bytes()
+    cases = {
+        "truncated.gguf": (data[: len(data) // 2], "cannot read GGUF"),
+        "tiny.gguf": (data[:1000], "cannot read GGUF"),
+        "many-tensors.gguf": (data[:8] + struct.pack("<Q", 2**62) + data[16:], "2^62"),
+        # the first metadata key's length (right after the 24-byte header) says 2^60 bytes
+        "huge-string.gguf": (data[:24] + struct.pack("<Q", 2**60) + data[32:], "cannot read GGUF"),
+        "not-gguf.gguf": (b"PK\x03\x04" + data[4:], "not a GGUF file"),
+    }
+    for name, (content, words) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        words = str(2**62) if words == "2^62" else words
+        _one_line_error(path, name, words, capsys=capsys)

@@ -61,7 +61,9 @@ def open_gguf(path: Path) -> Checkpoint:
             raise
         raise type(e)(f"{path}: {e}") from e
     except Exception as e:  # a malformed file may break the reader anywhere: name the file
-        raise WeightError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
+        raise WeightError(
+            f"cannot read GGUF file {path} (truncated or corrupt?): {type(e).__name__}: {e}"
+        ) from e
 
 
 # GGUF v2/v3 header: magic, uint32 version, uint64 tensor count, uint64 metadata count. The
