@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -218,7 +218,7 @@ class Engine:
             group = tuple(s for s in group if not s.lane.is_finished)  # cancelled mid-round
             if not group:
                 continue
-            ended += self._run_forward_isolated(group)
+            ended += self._isolated(self._run_forward, list(group))
             prefill = [s for s in group if id(s) not in decode_steps]
             ended += self._isolated(self._drafter_prefill, prefill)
             if self.config.device.startswith("cuda") and prefill:
@@ -250,48 +250,31 @@ class Engine:
     def _fail(self, lane: Lane, error: BaseException) -> Completion:
         """End a lane whose request broke something: it alone fails. Its whole computed blocks
         still go to the prompt cache (their forwards completed before the failure)."""
-        log.error(
-            "request %d failed: %s", lane.request_id, error, exc_info=(type(error), error, None)
-        )
+        log.error("request %d failed: %s", lane.request_id, error, exc_info=error)
         self.metrics.num_failures += 1
         lane.finish_reason = "error"
         lane.error = type(error).__name__  # what the client sees; the log has the message
         return self._end(lane, LaneState.CANCELLED)
 
     def _isolated(
-        self, stage: Callable[[list[Step]], object], steps: list[Step]
+        self, stage: Callable[[list[Step]], list[Completion] | None], steps: list[Step]
     ) -> list[Completion]:
-        """Run stage(steps); if it raises, rerun it one step at a time and fail the lanes whose
-        step fails alone. For stages that change no lane before they can raise."""
+        """Run stage(steps), which returns the lanes it ended (or None); if it raises, rerun it
+        one step at a time and fail the lanes whose step fails alone. For stages that change no
+        lane before they can raise; batch-invariant numerics make a lane's rerun alone give the
+        tokens it would have had in the batch."""
         steps = [s for s in steps if not s.lane.is_finished]
         if not steps:
             return []
         try:
-            stage(steps)
-            return []
+            return stage(steps) or []
         except Exception as e:
             if len(steps) == 1:
                 return [self._fail(steps[0].lane, e)]
         ended = []
         for s in steps:
             try:
-                stage([s])
-            except Exception as e:
-                ended.append(self._fail(s.lane, e))
-        return ended
-
-    def _run_forward_isolated(self, group: tuple[Step, ...]) -> list[Completion]:
-        """One forward; if it raises (before any lane changed), each step runs in a forward of
-        its own: batch-invariant numerics give the same tokens either way."""
-        try:
-            return self._run_forward(group)
-        except Exception as e:
-            if len(group) == 1:
-                return [self._fail(group[0].lane, e)]
-        ended = []
-        for s in group:
-            try:
-                ended += self._run_forward((s,))
+                ended += stage([s]) or []
             except Exception as e:
                 ended.append(self._fail(s.lane, e))
         return ended
@@ -305,9 +288,9 @@ class Engine:
         failed = []
         for lane in list(self.running):
             try:
-                plan_round(
-                    [lane], 1, self.config.prefill_chunk, self.config.block_size, self._num_drafts
-                )
+                cfg = self.config
+                budget = cfg.max_tokens_per_round
+                plan_round([lane], budget, cfg.prefill_chunk, cfg.block_size, self._num_drafts)
             except Exception as e:
                 failed.append(self._fail(lane, e))
         try:
@@ -322,12 +305,11 @@ class Engine:
             return self._fill_drafts(plan), []
         except Exception:
             log.exception("proposing drafts failed; proposing for each lane alone")
-        failed = self._isolated(
-            lambda steps: self.proposer.propose(
-                [s.lane for s in steps], [s.num_drafts for s in steps]
-            ),
-            [s for s in plan.decode if s.num_drafts],
-        )
+
+        def propose(steps: list[Step]) -> None:
+            self.proposer.propose([s.lane for s in steps], [s.num_drafts for s in steps])
+
+        failed = self._isolated(propose, [s for s in plan.decode if s.num_drafts])
         keep = tuple(s for s in plan.decode if not s.lane.is_finished)
         plan = dataclasses.replace(plan, decode=keep)
         try:
@@ -337,7 +319,7 @@ class Engine:
             keep = tuple(s for s in plan.decode if not s.lane.is_finished)
             return dataclasses.replace(plan, decode=keep), failed
 
-    def _run_forward(self, steps: tuple[Step, ...]) -> list[Completion]:
+    def _run_forward(self, steps: Sequence[Step]) -> list[Completion]:
         logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
         hidden = self.runner.last_hidden if self._observing else None
         ended = []

@@ -258,15 +258,14 @@ def test_api_key(long_model_dir):
         assert json.loads(live.get("/health"))["status"] == "ok"  # health needs no key
 
 
-def _stream_lines(port: int, body: dict) -> list[str]:
+def _stream_lines(port: int, body: dict, key: str) -> list[str]:
     """POST a streaming completion; the SSE data lines until the server closes the stream."""
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request(
-            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
         reply = conn.getresponse()
         return [line.decode().strip() for line in reply if line.startswith(b"data:")]
     except (OSError, http.client.HTTPException) as e:
@@ -277,7 +276,9 @@ def _stream_lines(port: int, body: dict) -> list[str]:
 
 def test_sigterm_mid_prefill_ends_every_stream(long_model_dir):
     """SIGTERM with 10 long prompts in prefill: every stream ends with a finish_reason and
-    [DONE], the process exits within the graceful timeout, and logs no traceback."""
+    [DONE], the process exits within the graceful timeout, and logs no traceback. The API key
+    comes from $LANES_API_KEY (not the command line, where `ps` would show it)."""
+    import os
     import signal
     import subprocess
     import sys
@@ -302,6 +303,7 @@ def test_sigterm_mid_prefill_ends_every_stream(long_model_dir):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "LANES_API_KEY": "sesame"},
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -323,8 +325,11 @@ def test_sigterm_mid_prefill_ends_every_stream(long_model_dir):
             )
             for i in range(10)
         ]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/v1/models", timeout=5)
+        assert e.value.code == 401
         with ThreadPoolExecutor(10) as pool:
-            streams = [pool.submit(_stream_lines, port, b) for b in bodies]
+            streams = [pool.submit(_stream_lines, port, b, "sesame") for b in bodies]
             deadline = time.time() + 30
             while True:  # every request has reached the engine
                 kv = json.loads(urllib.request.urlopen(url + "/debug/kv", timeout=5).read())
