@@ -99,31 +99,36 @@ def _json_type(value: Any) -> str:
 
 def _check_values(body: dict) -> None:
     """Every string is encodable text (no unpaired surrogates, which a client cutting a string
-    mid-emoji sends), and nothing nests deeper than MAX_JSON_DEPTH."""
-    stack: list[tuple[Any, str, int]] = [(v, k, 1) for k, v in body.items()]
-    for key in body:
-        _check_text(key, key)
+    mid-emoji sends), and nothing nests deeper than MAX_JSON_DEPTH. Paths are spelled out only
+    for an error, so a long list of token ids costs one type check per item."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(value, str):
-            _check_text(value, path)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _check_text(k, path)
-                stack.append((v, f"{path}.{k}", depth + 1))
-        elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str):
+                _check_text(key, path or "the body", "a key in ")
+            if isinstance(item, str):
+                _check_text(item, _join(path, key))
+            elif isinstance(item, dict | list):
+                stack.append((item, _join(path, key), depth + 1))
 
 
-def _check_text(text: str, path: str) -> None:
+def _join(path: str, key: str | int) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}".lstrip(".")
+
+
+def _check_text(text: str, path: str, what: str = "") -> None:
+    """The message names where the text is, never the text (it could not be encoded)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         top = path.split(".")[0].split("[")[0]
         raise ApiError(
-            f"'{path}' is not valid Unicode: an unpaired surrogate at character {e.start}", top
+            f"{what}'{path}' is not valid Unicode: an unpaired surrogate at character {e.start}",
+            None if what else top,
         ) from e
 
 

@@ -151,7 +151,7 @@ def build_app(
             raw = await asyncio.wait_for(read(), body_timeout)
         except TimeoutError as e:
             raise ApiError(f"the request body took over {body_timeout:g} s", status=408) from e
-        return decode_body(raw)
+        return await asyncio.to_thread(decode_body, raw)  # up to 4 MiB: off the event loop
 
     async def completions(request: Request) -> Response:
         return await handle(request, chat=False)

@@ -68,7 +68,9 @@ def _non_finite(rng):
 def _surrogate(rng):
     lone = rng.choice(["\ud800", "\udfff", "ok\udc00", "\ud83d"])
     path, body = _valid(rng)
-    if path == CHAT:
+    if rng.random() < 0.2:
+        body[lone] = 1  # in a key
+    elif path == CHAT:
         body["messages"][0][rng.choice(["role", "content"])] = lone
     else:
         body[rng.choice(STRINGS[:3])] = lone

@@ -68,6 +68,7 @@ LONE = "\ud800"  # a lone surrogate (json.dumps escapes it): what a client cutti
             "messages",
         ),
         ("/v1/completions", json.dumps({"prompt": "hi", "stop": [LONE]}), "stop"),
+        ("/v1/completions", json.dumps({"prompt": "hi", "logit_bias": {LONE: 1}}), None),
     ],
 )
 def test_lone_surrogates_are_refused_and_the_engine_lives(server, path, raw, param):
