@@ -5,12 +5,16 @@ Only the engine thread runs rounds. Callers never wait for a round to end:
   changes), gets its request id at once, and queues the lane; the engine thread takes it in
   between two rounds.
 - `cancel` / `cancel_all` set flags the engine reads between two host-managed forwards.
-- `snapshot()` returns the state the engine thread last published (after every round, and
-  while idle), so /metrics and /debug/kv answer during a long prefill.
+- `snapshot()` returns the state the engine thread last published (between forwards, after
+  rounds, and when idle), so /metrics and /debug/kv answer at once during a long prefill.
 
 Each request's progress comes back as events on that request's asyncio queue:
 
-    Delta(...)* -> Finished(completion)      or      Delta(...)* -> Failed(error)
+    Delta(...)* -> Finished(completion)   or   Delta(...)* -> Failed(error)   or   ... Aborted()
+
+`Aborted` comes from `cancel_all` (shutdown) at once, so every stream can end without waiting for
+the forward in progress (on the CPU one prefill forward can take seconds); the engine cancels
+the lane at its next step all the same.
 
 The loop survives anything one request does: the engine keeps failures to the lanes they concern
 (Engine.step), a round that raises anyway fails the lanes in flight, and if the thread dies all
@@ -60,6 +64,11 @@ class Failed:
     error: Exception
 
 
+@dataclass(frozen=True)
+class Aborted:
+    """The server is shutting down: the request ends now, unfinished."""
+
+
 class EngineFailure(RuntimeError):
     """The engine could not finish a request (not the request's fault, as far as it knows)."""
 
@@ -104,7 +113,10 @@ class AsyncEngine:
         self._crashed = False
         self._snapshot: dict = {}
         self._integrity_at = self._snapshot_at = 0.0
+        self._num_queued = 0  # lanes submitted, not yet handed to the engine
+        self._open: dict[int, Callable[[Any], None]] = {}  # request id -> post, until it ends
         engine.cancel_check = self._is_cancelled
+        engine.on_progress = lambda: self._publish_snapshot(check=False)
 
     # ---- caller side (event loop thread) --------------------------------------------------
 
@@ -141,6 +153,9 @@ class AsyncEngine:
 
             handles.append(RequestHandle(self, lane, events))
             queued.append((lane, post))
+        with self._cancel_lock:
+            self._num_queued += len(queued)
+            self._open.update((lane.request_id, post) for lane, post in queued)
         self._commands.put(("submit", queued))
         if self._crashed:  # died after the check above: nobody would answer these
             self._fail_everything(EngineFailure("the engine stopped"))
@@ -154,17 +169,24 @@ class AsyncEngine:
         return self.submit_lanes(lanes)[0]
 
     def snapshot(self) -> dict:
-        """Block bookkeeping and engine counters as the engine thread last published them."""
-        return self._snapshot
+        """Block bookkeeping and engine counters as the engine thread last published them; lanes
+        submitted since, not yet handed to the engine, count as waiting."""
+        report = dict(self._snapshot)
+        report["waiting_lanes"] = report.get("waiting_lanes", 0) + self._num_queued
+        return report
 
     def cancel(self, request_id: int) -> None:
         with self._cancel_lock:
             self._cancelled.add(request_id)
 
     def cancel_all(self) -> None:
-        """Cancel every request in flight (shutdown); safe from any thread, seen between two
-        forwards."""
+        """Cancel every request in flight (shutdown); safe from any thread. Each request gets
+        `Aborted` now; the engine ends the lanes between two forwards."""
         self._cancel_everything = True
+        with self._cancel_lock:
+            posts, self._open = list(self._open.values()), {}
+        for post in posts:
+            post(Aborted())
 
     # ---- engine thread --------------------------------------------------------------------
 
@@ -207,11 +229,10 @@ class AsyncEngine:
 
     def _execute(self, command: tuple) -> None:
         kind = command[0]
-        if kind == "submit":
+        if kind == "submit":  # during shutdown too: the cancel flag ends them as aborted
+            with self._cancel_lock:
+                self._num_queued -= len(command[1])
             for lane, post in command[1]:
-                if self._stopping or self._cancel_everything:
-                    post(Failed(ShuttingDown("the server is shutting down")))
-                    continue
                 hold = max((len(s) for s in lane.params.stop), default=1) - 1
                 self._tracked[lane.request_id] = _Tracked(lane, post, hold=hold)
                 self.engine.enqueue(lane)
@@ -237,6 +258,7 @@ class AsyncEngine:
             t = self._tracked.pop(completion.request_id, None)
             with self._cancel_lock:
                 self._cancelled.discard(completion.request_id)
+                self._open.pop(completion.request_id, None)
             if t is None:
                 continue
             if completion.finish_reason == "error":

@@ -116,6 +116,9 @@ class Engine:
         self.running: list[Lane] = []
         # Consulted between host-managed forwards: return True to cancel that request now.
         self.cancel_check: Callable[[int], bool] | None = None
+        # Called once a round is planned and after each host-managed forward (a status snapshot
+        # mid-round: on the CPU one prefill forward can take seconds).
+        self.on_progress: Callable[[], None] = lambda: None
         self._cancel_requested: set[int] = set()
         self._ids = itertools.count()
 
@@ -212,6 +215,7 @@ class Engine:
         start = self.clock()
         plan, failed = self._fill_drafts_isolated(plan)
         ended += failed
+        self.on_progress()
         num_prefill = num_decode = num_forwards = 0
         decode_steps = {id(s) for s in plan.decode}
         for group in plan.forwards():
@@ -230,6 +234,7 @@ class Engine:
             num_decode += sum(s.num_tokens for s in group if id(s) in decode_steps)
             num_prefill += sum(s.num_tokens for s in prefill)
             ended += self._apply_cancellations()
+            self.on_progress()
         seconds = self.clock() - start
         self.share.record(num_prefill, num_decode, seconds)
         self.metrics.achieved_prefill_share = self.share.achieved_share

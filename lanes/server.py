@@ -18,7 +18,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lanes.async_engine import AsyncEngine, Delta, Failed, Finished, RequestHandle, ShuttingDown
+from lanes.async_engine import (
+    Aborted,
+    AsyncEngine,
+    Delta,
+    Failed,
+    Finished,
+    RequestHandle,
+    ShuttingDown,
+)
 from lanes.engine import Engine
 from lanes.openai_api import (
     ApiError,
@@ -276,7 +284,7 @@ class _Context:
         self.object = "chat.completion" if chat else "text_completion"
         self._counted: set[int] = set()  # choices already in lanes_requests_total
 
-    def _count(self, i: int, event: Finished | Failed | None) -> None:
+    def _count(self, i: int, event: Finished | Failed | Aborted | None) -> None:
         """Each choice once in the request metrics: as it ended, or as aborted if the client
         left first."""
         if i in self._counted:
@@ -295,7 +303,7 @@ class _Context:
             while True:
                 event = await h.next_event()
                 await merged.put((i, event))
-                if isinstance(event, Finished | Failed):
+                if isinstance(event, Finished | Failed | Aborted):
                     return
 
         tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(self.handles)]
@@ -303,10 +311,10 @@ class _Context:
             for _ in range(sum(1 for _ in self.handles)):
                 while True:
                     i, event = await merged.get()
-                    if isinstance(event, Finished | Failed):
+                    if isinstance(event, Finished | Failed | Aborted):
                         self._count(i, event)
                     yield i, event
-                    if isinstance(event, Finished | Failed):
+                    if isinstance(event, Finished | Failed | Aborted):
                         break
         finally:
             for t in tasks:
@@ -344,6 +352,9 @@ class _Context:
             async for i, event in self._events():
                 if isinstance(event, Failed):
                     return error_response(self._failure(event))
+                if isinstance(event, Aborted):
+                    message = "the server is shutting down"
+                    return error_response(ApiError(message, status=503, kind="server_error"))
                 if isinstance(event, Finished):
                     completions[i] = event.completion
         finally:
@@ -394,6 +405,11 @@ class _Context:
             body["usage"] = usage_
         return f"data: {json.dumps(body)}\n\n"
 
+    def _last_chunk(self, i: int, reason: str) -> str:
+        """The chunk that ends choice i: no new text, its finish_reason."""
+        empty = {"delta": {}} if self.chat else {"text": ""}
+        return self._chunk([{"index": i, **empty, "logprobs": None, "finish_reason": reason}])
+
     async def sse(self) -> AsyncIterator[str]:
         completions: dict[int, object] = {}
         if self.chat:
@@ -423,17 +439,9 @@ class _Context:
                 yield self._chunk([choice])
             elif isinstance(event, Finished):
                 completions[i] = event.completion
-                key = "delta" if self.chat else "text"
-                yield self._chunk(
-                    [
-                        {
-                            "index": i,
-                            key: {} if self.chat else "",
-                            "logprobs": None,
-                            "finish_reason": finish_reason(event.completion),
-                        }
-                    ]
-                )
+                yield self._last_chunk(i, finish_reason(event.completion))
+            elif isinstance(event, Aborted):
+                yield self._last_chunk(i, "abort")
             elif isinstance(event, Failed):
                 yield f"data: {json.dumps(self._failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"

@@ -275,18 +275,23 @@ def test_prompts_of_one_request_are_cancelled_together(server):
     assert aborted and aborted[0] >= 8
 
 
-def test_metrics_and_submit_do_not_wait_for_the_round(long_model_dir):
-    """With every forward taking 1 s, /metrics, /debug/kv and a new stream's headers still come
-    back at once: they read the engine's published snapshot and queue without waiting."""
+def _slow_engine(long_model_dir, seconds: float) -> Engine:
+    """An engine whose every forward takes `seconds` longer (a long CPU prefill forward)."""
     engine = Engine(str(long_model_dir), EngineConfig(prefill_chunk=16))
     execute = engine.runner.execute
 
     def slow(steps, **kw):
-        time.sleep(1.0)
+        time.sleep(seconds)
         return execute(steps, **kw)
 
     engine.runner.execute = slow
-    with LiveServer(engine) as live:
+    return engine
+
+
+def test_metrics_and_submit_do_not_wait_for_the_round(long_model_dir):
+    """With every forward taking 1 s, /metrics, /debug/kv and a new stream's headers still come
+    back at once: they read the engine's published snapshot and queue without waiting."""
+    with LiveServer(_slow_engine(long_model_dir, 1.0)) as live:
         first = threading.Thread(
             target=live.post,
             args=("/v1/completions", {"prompt": LONG[:64], "max_tokens": 3, "temperature": 0}),
@@ -312,6 +317,27 @@ def test_metrics_and_submit_do_not_wait_for_the_round(long_model_dir):
         assert reply.read().decode().rstrip().endswith("data: [DONE]")
         conn.close()
         first.join(60)
+
+
+def test_shutdown_ends_streams_without_waiting_for_the_forward(long_model_dir):
+    """cancel_all (what SIGTERM calls) ends every open stream at once with finish_reason
+    "abort" and [DONE], though the forward in progress has 2 s to go."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with LiveServer(_slow_engine(long_model_dir, 2.0)) as live:
+        body = {"prompt": LONG[:200], "max_tokens": 50, "stream": True, "ignore_eos": True}
+        with ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(live.post, "/v1/completions", body) for _ in range(4)]
+            time.sleep(0.5)
+            start = time.time()
+            live.app.state.runner.cancel_all()
+            replies = [f.result(timeout=30) for f in streams]
+            elapsed = time.time() - start
+        assert elapsed < 1.0
+        for status, raw in replies:
+            lines = [x for x in raw.decode().splitlines() if x.startswith("data:")]
+            assert status == 200 and lines[-1] == "data: [DONE]"
+            assert json.loads(lines[-2][5:])["choices"][0]["finish_reason"] == "abort"
 
 
 def test_slow_body_times_out(long_model_dir):
