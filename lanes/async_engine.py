@@ -40,8 +40,8 @@ from lanes.sampling import SamplingParams
 
 log = logging.getLogger("lanes")
 
-# While rounds run, the snapshot is refreshed at most this often, and the block-integrity check
-# (it walks every block) less often still; both always when the engine goes idle.
+# While rounds run, the snapshot is refreshed at most this often (and whenever lanes come or go),
+# the block-integrity check (it walks every block) less often still; both always when idle.
 _SNAPSHOT_EVERY_S = 0.05
 _INTEGRITY_EVERY_S = 0.5
 
@@ -113,6 +113,7 @@ class AsyncEngine:
         self._crashed = False
         self._snapshot: dict = {}
         self._integrity_at = self._snapshot_at = 0.0
+        self._lanes = (0, 0)  # (running, waiting) at the last snapshot
         self._num_queued = 0  # lanes submitted, not yet handed to the engine
         self._open: dict[int, Callable[[Any], None]] = {}  # request id -> post, until it ends
         engine.cancel_check = self._is_cancelled
@@ -285,9 +286,10 @@ class AsyncEngine:
         """Publish what /metrics and /debug/kv read; the integrity check at most every
         _INTEGRITY_EVERY_S while rounds run, and always when `check` (idle)."""
         now = time.monotonic()
-        if not check and now - self._snapshot_at < _SNAPSHOT_EVERY_S:
+        lanes = (len(self.engine.running), len(self.engine.waiting))
+        if not check and now - self._snapshot_at < _SNAPSHOT_EVERY_S and lanes == self._lanes:
             return
-        self._snapshot_at = now
+        self._snapshot_at, self._lanes = now, lanes
         previous = self._snapshot.get("integrity", "ok")
         if check or now - self._integrity_at >= _INTEGRITY_EVERY_S:
             self._integrity_at = now
