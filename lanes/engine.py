@@ -371,9 +371,12 @@ class Engine:
         for token, logprobs in emitted:
             self._append(lane, token, logprobs, now)
             if lane.finish_reason is not None:
-                return self._end(lane, LaneState.DONE)
+                break
         # KV is valid up to the last kept token's input; rejected drafts' positions are not.
+        # Set before a lane that ends here is released, so its last chunk is published too.
         lane.num_computed = min(s.end, lane.num_known - 1)
+        if lane.finish_reason is not None:
+            return self._end(lane, LaneState.DONE)
         self.cache.release(lane.block_table.truncate(lane.num_known))
         self._observe(s, hidden)
         if self.proposer is not None and s.draft_ids:

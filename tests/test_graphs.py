@@ -73,3 +73,21 @@ def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
         if graphs:
             assert engine.proposer.runner.graphs.num_replays > 0
     assert seen[True] == seen[False] and any(any(d) for d in seen[True])
+
+
+def test_graphs_keep_up_as_lanes_come_and_go():
+    """Lanes that end at different steps move other lanes to new rows of a graph bucket, and
+    drafts are rejected (block tables truncated): the kv_slots each replay refills only where a
+    lane's context changed must still give the eager tokens."""
+    ckpt = random_checkpoint(TINY, "cuda")
+    prompts = [[(5 * i + j) % TINY.vocab_size for j in range(20 + 37 * i)] for i in range(6)]
+    params = [SamplingParams(max_tokens=6 + 7 * i, ignore_eos=True) for i in range(6)]
+    eager = Engine(checkpoint=ckpt, config=EngineConfig(device="cuda", cuda_graphs=False))
+    want = eager.generate(prompts, params)
+    graphed = Engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
+    assert [g.token_ids for g in graphed.generate(prompts, params)] == [w.token_ids for w in want]
+    records = {tuple(p): w.token_ids for p, w in zip(prompts, want, strict=True)}
+    graphed.proposer = ReplayProposer(records, 0.5, TINY.vocab_size)
+    drafted = graphed.generate(prompts[::-1], params[::-1], cache_salt="d")
+    assert [d.token_ids for d in drafted] == [w.token_ids for w in want[::-1]]
+    graphed.check_integrity()

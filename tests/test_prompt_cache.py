@@ -101,3 +101,17 @@ def test_random_sequences_keep_integrity():
             cache.release(lanes.pop(rng.randrange(len(lanes))))
         cache.check_integrity(lanes)
         assert cache.num_cached <= cache.max_blocks
+
+
+@pytest.mark.parametrize("chunk", [128, 256])
+def test_a_request_ending_in_its_last_prompt_chunk_publishes_it(llama_dir, chunk):
+    """max_tokens=1 ends the request in the forward of its last prompt chunk; that chunk's whole
+    blocks still reach the prompt cache (before, 128 and 0 of these 192 tokens were found)."""
+    from lanes import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(str(llama_dir), EngineConfig(prefill_chunk=chunk))
+    prompt = [(7 * i) % 300 + 3 for i in range(200)]
+    longer = prompt + [5, 6, 7] * 10
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=1))
+    assert out.finish_reason == "length"
+    assert engine.cached_prefix_len(longer) == 192  # 12 whole blocks of the 200-token prompt
