@@ -36,11 +36,14 @@ def lanes64(engine: Engine, vocab: int, new: int, seed: int) -> dict:
     outs = engine.generate(prompts, params, cache_salt=f"c{seed}")
     wall = time.perf_counter() - start
     rounds = list(engine.metrics.recent)[-(engine.metrics.num_rounds - first) :]
-    steady = [r for r in rounds if r.prefill_tokens == 0 and r.decode_tokens == 64]
+    widest = max(r.decode_tokens for r in rounds if r.prefill_tokens == 0)
+    steady = [r for r in rounds if r.prefill_tokens == 0 and r.decode_tokens == widest]
     return {
         "output_tok_s": sum(len(o.token_ids) for o in outs) / wall,
         "steady_round_ms": statistics.median(r.seconds + r.host_seconds for r in steady) * 1e3,
         "steady_rounds": len(steady),
+        "steady_decode_tokens": widest,
+        "rounds": len(rounds),
     }
 
 

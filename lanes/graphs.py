@@ -68,17 +68,18 @@ class _Graph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None  # the decoder's final-norm rows, static
-        # What kv_slots holds for each lane row: (request id, its blocks, positions written).
-        self.rows: list[tuple[int, list[int], int] | None] = [None] * lanes
+        # What kv_slots holds for each lane row: (the blocks it was written from, positions).
+        self.rows: list[tuple[list[int], int] | None] = [None] * lanes
 
-    def valid_slots(self, i: int, request_id: int, blocks: list[int], block_size: int) -> int:
-        """How many leading kv_slots entries of lane row i already hold this lane's slots: those
-        written for the same request, in blocks it still has (a truncation after rejected
-        drafts, or a preemption, can change the blocks)."""
+    def valid_slots(self, i: int, blocks: list[int], block_size: int) -> int:
+        """How many leading kv_slots entries of lane row i are already right for a lane with
+        these blocks. An entry is a pure function of the block at its position, so whichever
+        lane the row held before, entries in the blocks it shares with this one stay right (a
+        truncation after rejected drafts, a preemption or another lane changes the blocks)."""
         row = self.rows[i]
-        if row is None or row[0] != request_id:
+        if row is None:
             return 0
-        _, old, written = row
+        old, written = row
         if blocks[: len(old)] == old:
             return written
         pairs = enumerate(zip(old, blocks, strict=False))
@@ -138,7 +139,7 @@ class DecodeGraphs:
             if i < len(steps):
                 s = steps[i]
                 table = s.lane.block_table
-                valid = g.valid_slots(i, s.lane.request_id, table.blocks, table.block_size)
+                valid = g.valid_slots(i, table.blocks, table.block_size)
                 ids += s.token_ids()
                 pos += list(range(s.start, s.end))
                 slots += table.slots(s.start, s.end)
@@ -148,7 +149,7 @@ class DecodeGraphs:
                     where += range(i * c + valid, i * c + s.end)
                     what += table.slots(valid, s.end)
                 used = -(-s.end // table.block_size)
-                g.rows[i] = (s.lane.request_id, table.blocks[:used], max(valid, s.end))
+                g.rows[i] = (table.blocks[:used], max(valid, s.end))
             else:  # padding lane: positions 0..T-1, every K/V in the scratch slot
                 ids += [0] * t
                 pos += list(range(t))

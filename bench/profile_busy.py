@@ -1,0 +1,82 @@
+"""How busy the GPU is in steady decode: a torch.profiler window over engine steps once every lane
+decodes; device time = the union of the CUDA kernel intervals in the window, wall = host clock
+around the steps (synchronized). Exact mode, CUDA graphs, random weights of real shapes.
+
+    python -m bench.profile_busy [--out FILE] [--steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
+from lanes import Engine, EngineConfig, SamplingParams
+from lanes.lane import LaneState
+
+
+def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) -> dict:
+    params = SamplingParams(max_tokens=steps + 40, ignore_eos=True)
+    for i in range(lanes):
+        engine.submit(synthetic_prompt(vocab, prompt_len, 7000 + i), params)
+    while engine.waiting or any(x.state is not LaneState.DECODE for x in engine.running):
+        engine.step()
+    for _ in range(5):  # settle: graphs for this bucket are captured
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    covered, end = 0.0, float("-inf")
+    for a, b in kernels:  # union of intervals, in microseconds
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    while engine.has_work():
+        engine.step()
+    return {
+        "lanes": lanes,
+        "context": prompt_len,
+        "wall_ms_per_step": wall / steps * 1e3,
+        "device_ms_per_step": covered / steps / 1e3,
+        "gpu_busy": covered / 1e6 / wall,
+        "device_events_per_step": len(kernels) / steps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results/busy-h200.json")
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    base = dict(device="cuda", kv_cache_bytes=24 * 2**30, prompt_cache_bytes=0, max_lanes=64)
+    for name, shape, cases in (
+        ("smollm2-135m", SMOLLM2_135M, [(1, 128)]),
+        ("llama-3.1-8b", LLAMA_31_8B, [(1, 128), (64, 700)]),
+    ):
+        engine = Engine(checkpoint=random_checkpoint(shape, "cuda"), config=EngineConfig(**base))
+        for lanes, ctx in cases:
+            r = busy(engine, shape.vocab_size, lanes, ctx, args.steps)
+            report[f"{name} lanes={lanes}"] = r
+            print(name, json.dumps(r), flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
