@@ -196,8 +196,9 @@ REGISTRY: list[KernelSpec] = [
         sampling.ref_sample_tokens,
         (torch.float32,),
         True,
-        "logits [R, V] contiguous; top-k/top-p by bisection; tokens equal to the sorting reference",
-        {torch.float32: (0.0, 0.0)},
+        "logits [R, V] contiguous; top-k/top-p by bisection; tokens equal to the sorting "
+        "reference, their logprobs within 1e-5",
+        {torch.float32: (1e-5, 1e-5)},
         _sampling_cases,
     ),
 ]

@@ -2,7 +2,8 @@
 over the top-k / top-p set, one program per row. The Gumbel noise is the same counter-based hash
 of (seed, position, token) as lanes.sampling, so a row's token never depends on the batch.
 
-Top-k and top-p are thresholds found by bisection (no sort): top-k keeps z >= the largest value
+A greedy row takes one pass over the vocabulary (argmax and an online log-sum-exp); a sampled row
+takes several. Top-k and top-p are thresholds found by bisection (no sort): top-k keeps z >= the largest value
 v with #(z >= v) >= k; top-p keeps p >= the largest tau with mass(p >= tau) >= top_p, i.e. the
 smallest most-likely set reaching top_p, as the sorting reference does.
 """
@@ -16,7 +17,7 @@ import triton.language as tl
 from kernels.common import check
 
 _BISECT = 40  # float32 thresholds: 40 halvings reach the resolution of the interval's floats
-BLOCK_V = 1024
+BLOCK_V = 8192  # with 16 warps: a 128K-vocabulary row in 16 steps (one program per row)
 
 
 @triton.jit
@@ -43,12 +44,13 @@ def _gumbel(seed_lo, seed_hi, pos, tok):
 def _sample_kernel(
     logits_ptr,  # [R, V]
     temp_ptr,  # [R] fp32 (0: greedy)
-    top_k_ptr,  # [R] int32 (0: off)
+    top_k_ptr,  # [R] int64 (0: off)
     top_p_ptr,  # [R] fp32 (1: off)
-    seed_lo_ptr,  # [R] uint32
-    seed_hi_ptr,  # [R] uint32
-    pos_ptr,  # [R] uint32
+    seed_lo_ptr,  # [R] int64 holding a uint32
+    seed_hi_ptr,  # [R] int64 holding a uint32
+    pos_ptr,  # [R] int64 holding a uint32
     out_ptr,  # [R] int64
+    logprob_ptr,  # [R] fp32: log-probability of the chosen token under the sampled distribution
     V,
     BLOCK: tl.constexpr,
     BISECT: tl.constexpr,
@@ -59,77 +61,100 @@ def _sample_kernel(
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     greedy = temp == 0.0
-    inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, temp))
     cols = tl.arange(0, BLOCK)
+    if greedy:
+        # one pass: the argmax (ties to the lowest id) and an online log-sum-exp
+        m = float("-inf")
+        total = 0.0
+        best_i = 0
+        for start in range(0, V, BLOCK):
+            idx = start + cols
+            z = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+            block_max = tl.max(z, axis=0)
+            block_i = tl.min(tl.where(z == block_max, idx, V), axis=0)
+            new_m = tl.maximum(m, block_max)
+            total = total * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
+            best_i = tl.where(block_max > m, block_i, best_i)
+            m = new_m
+        tl.store(out_ptr + row, best_i.to(tl.int64))
+        tl.store(logprob_ptr + row, -tl.log(total))
+    else:
+        inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, temp))
 
-    # max and min of z = logits / T
-    z_max = float("-inf")
-    z_min = float("inf")
-    for start in range(0, V, BLOCK):
-        mask = start + cols < V
-        z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-        z_max = tl.maximum(z_max, tl.max(tl.where(mask, z, float("-inf")), axis=0))
-        z_min = tl.minimum(z_min, tl.min(tl.where(mask, z, float("inf")), axis=0))
+        # max and min of z = logits / T
+        z_max = float("-inf")
+        z_min = float("inf")
+        for start in range(0, V, BLOCK):
+            mask = start + cols < V
+            z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+            z_max = tl.maximum(z_max, tl.max(tl.where(mask, z, float("-inf")), axis=0))
+            z_min = tl.minimum(z_min, tl.min(tl.where(mask, z, float("inf")), axis=0))
 
-    # top-k: the largest threshold keeping at least top_k values
-    k_thr = z_min
-    if (top_k > 0) & (top_k < V) & (~greedy):
-        lo = z_min
-        hi = z_max
-        for _ in range(BISECT):
-            mid = lo + (hi - lo) * 0.5
-            count = 0
-            for start in range(0, V, BLOCK):
-                mask = start + cols < V
-                z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-                count += tl.sum(tl.where(mask & (z >= mid), 1, 0), axis=0)
-            keep_mid = count >= top_k
-            lo = tl.where(keep_mid, mid, lo)
-            hi = tl.where(keep_mid, hi, mid)
-        k_thr = lo
+        # top-k: the largest threshold keeping at least top_k values
+        k_thr = z_min
+        if (top_k > 0) & (top_k < V) & (~greedy):
+            lo = z_min
+            hi = z_max
+            for _ in range(BISECT):
+                mid = lo + (hi - lo) * 0.5
+                count = 0
+                for start in range(0, V, BLOCK):
+                    mask = start + cols < V
+                    z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+                    count += tl.sum(tl.where(mask & (z >= mid), 1, 0), axis=0)
+                keep_mid = count >= top_k
+                lo = tl.where(keep_mid, mid, lo)
+                hi = tl.where(keep_mid, hi, mid)
+            k_thr = lo
 
-    # softmax normaliser over the top-k set, then the top-p threshold on probabilities
-    total = 0.0
-    for start in range(0, V, BLOCK):
-        mask = start + cols < V
-        z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-        total += tl.sum(tl.where(mask & (z >= k_thr), tl.exp(z - z_max), 0.0), axis=0)
-    p_thr = 0.0
-    if (top_p < 1.0) & (~greedy):
-        lo = 0.0
-        hi = 1.0
-        for _ in range(BISECT):
-            mid = lo + (hi - lo) * 0.5
-            mass = 0.0
-            for start in range(0, V, BLOCK):
-                mask = start + cols < V
-                z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-                p = tl.exp(z - z_max) / total
-                mass += tl.sum(tl.where(mask & (z >= k_thr) & (p >= mid), p, 0.0), axis=0)
-            keep_mid = mass >= top_p
-            lo = tl.where(keep_mid, mid, lo)
-            hi = tl.where(keep_mid, hi, mid)
-        p_thr = lo
+        # softmax normaliser over the top-k set, then the top-p threshold on probabilities
+        total = 0.0
+        for start in range(0, V, BLOCK):
+            mask = start + cols < V
+            z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+            total += tl.sum(tl.where(mask & (z >= k_thr), tl.exp(z - z_max), 0.0), axis=0)
+        p_thr = 0.0
+        if (top_p < 1.0) & (~greedy):
+            lo = 0.0
+            hi = 1.0
+            for _ in range(BISECT):
+                mid = lo + (hi - lo) * 0.5
+                mass = 0.0
+                for start in range(0, V, BLOCK):
+                    mask = start + cols < V
+                    z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+                    p = tl.exp(z - z_max) / total
+                    mass += tl.sum(tl.where(mask & (z >= k_thr) & (p >= mid), p, 0.0), axis=0)
+                keep_mid = mass >= top_p
+                lo = tl.where(keep_mid, mid, lo)
+                hi = tl.where(keep_mid, hi, mid)
+            p_thr = lo
 
-    # argmax of z (+ noise) over the kept set; ties go to the lowest token id
-    seed_lo = tl.load(seed_lo_ptr + row)
-    seed_hi = tl.load(seed_hi_ptr + row)
-    pos = tl.load(pos_ptr + row)
-    best = float("-inf")
-    best_i = 0
-    for start in range(0, V, BLOCK):
-        idx = start + cols
-        mask = idx < V
-        z = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32) * inv_t
-        keep = mask & (z >= k_thr) & (tl.exp(z - z_max) / total >= p_thr)
-        score = tl.where(greedy, z, z + _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32)))
-        score = tl.where(keep, score, float("-inf"))
-        m = tl.max(score, axis=0)
-        i = tl.min(tl.where(score == m, idx, V), axis=0)
-        take = m > best
-        best_i = tl.where(take, i, best_i)
-        best = tl.where(take, m, best)
-    tl.store(out_ptr + row, best_i.to(tl.int64))
+        # argmax of z (+ noise) over the kept set; ties go to the lowest token id
+        seed_lo = tl.load(seed_lo_ptr + row).to(tl.uint32)
+        seed_hi = tl.load(seed_hi_ptr + row).to(tl.uint32)
+        pos = tl.load(pos_ptr + row).to(tl.uint32)
+        best = float("-inf")
+        best_i = 0
+        best_z = 0.0
+        kept_total = 0.0  # the normaliser of the distribution sampled from (top-k and top-p set)
+        for start in range(0, V, BLOCK):
+            idx = start + cols
+            mask = idx < V
+            z = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32) * inv_t
+            keep = mask & (z >= k_thr) & (tl.exp(z - z_max) / total >= p_thr)
+            kept_total += tl.sum(tl.where(keep, tl.exp(z - z_max), 0.0), axis=0)
+            score = tl.where(greedy, z, z + _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32)))
+            score = tl.where(keep, score, float("-inf"))
+            m = tl.max(score, axis=0)
+            i = tl.min(tl.where(score == m, idx, V), axis=0)
+            zi = tl.sum(tl.where(idx == i, z, 0.0), axis=0)
+            take = m > best
+            best_i = tl.where(take, i, best_i)
+            best_z = tl.where(take, zi, best_z)
+            best = tl.where(take, m, best)
+        tl.store(out_ptr + row, best_i.to(tl.int64))
+        tl.store(logprob_ptr + row, best_z - z_max - tl.log(kept_total))
 
 
 def sample_tokens(
@@ -139,8 +164,10 @@ def sample_tokens(
     top_p: torch.Tensor,
     seeds: list[int],
     positions: list[int],
-) -> torch.Tensor:
-    """One token per row of logits [R, V] -> int64 [R]."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of logits [R, V] -> (tokens int64 [R], logprobs fp32 [R]): each token's
+    log-probability under the distribution it was sampled from (after temperature, top-k, top-p;
+    greedy rows: the plain log-softmax). Row parameters travel to the device in two copies."""
     check(logits.dim() == 2 and logits.is_contiguous(), "logits must be contiguous [R, V]")
     r, v = logits.shape
     check(
@@ -150,34 +177,43 @@ def sample_tokens(
     check(len(seeds) == len(positions) == r, "one seed and position per row")
     dev = logits.device
     mask = 0xFFFFFFFF
-    seed_lo = torch.tensor([s & mask for s in seeds], dtype=torch.int64).to(torch.uint32).to(dev)
-    seed_hi = (
-        torch.tensor([(s >> 32) & mask for s in seeds], dtype=torch.int64).to(torch.uint32).to(dev)
-    )
-    pos = torch.tensor([p & mask for p in positions], dtype=torch.int64).to(torch.uint32).to(dev)
-    out = torch.empty(r, dtype=torch.int64, device=dev)
+    ints = torch.tensor(  # [4, R]: seed low and high words, position, top_k
+        [
+            [s & mask for s in seeds],
+            [(s >> 32) & mask for s in seeds],
+            [p & mask for p in positions],
+            [int(k) for k in top_k.tolist()],
+        ],
+        dtype=torch.int64,
+    ).to(dev, non_blocking=True)
+    floats = torch.stack([temperature.float().cpu(), top_p.float().cpu()]).to(dev)  # [2, R]
+    tokens = torch.empty(r, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(r, dtype=torch.float32, device=dev)
     if r:
         _sample_kernel[(r,)](
             logits,
-            temperature.float().to(dev),
-            top_k.to(torch.int32).to(dev),
-            top_p.float().to(dev),
-            seed_lo,
-            seed_hi,
-            pos,
-            out,
+            floats[0],
+            ints[3],
+            floats[1],
+            ints[0],
+            ints[1],
+            ints[2],
+            tokens,
+            logprobs,
             v,
             BLOCK=BLOCK_V,
             BISECT=_BISECT,
+            num_warps=16,
         )
-    return out
+    return tokens, logprobs
 
 
-def ref_sample_tokens(logits, temperature, top_k, top_p, seeds, positions) -> torch.Tensor:
-    """The sorting reference: lanes.sampling.sample_row for each row."""
+def ref_sample_tokens(logits, temperature, top_k, top_p, seeds, positions):
+    """The sorting reference: lanes.sampling.sample_row for each row, and the log-probability of
+    its token."""
     from lanes.sampling import SamplingParams, sample_row
 
-    out = []
+    tokens, logprobs = [], []
     for i in range(logits.shape[0]):
         p = SamplingParams(
             temperature=float(temperature[i]),
@@ -185,5 +221,11 @@ def ref_sample_tokens(logits, temperature, top_k, top_p, seeds, positions) -> to
             top_p=float(top_p[i]),
             seed=seeds[i],
         )
-        out.append(sample_row(logits[i], p, positions[i], seeds[i])[0])
-    return torch.tensor(out, dtype=torch.int64)
+        token, row_logprobs = sample_row(logits[i], p, positions[i], seeds[i])
+        tokens.append(token)
+        logprobs.append(float(row_logprobs[token]))
+    dev = logits.device
+    return (
+        torch.tensor(tokens, dtype=torch.int64, device=dev),
+        torch.tensor(logprobs, dtype=torch.float32, device=dev),
+    )

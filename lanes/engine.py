@@ -31,7 +31,14 @@ from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import build_runner
 from lanes.sampling import SamplingParams
 from lanes.share import ShareAllocator
-from lanes.speculation import choose_num_drafts, record_verify, verify
+from lanes.speculation import (
+    choose_num_drafts,
+    coupled_from_samples,
+    record_verify,
+    sample_batch,
+    samples_on_device,
+    verify,
+)
 
 # A prompt is text, token ids, or chat messages ([{"role": ..., "content": ...}, ...]).
 Prompt = str | list[int] | list[dict]
@@ -327,22 +334,29 @@ class Engine:
     def _run_forward(self, steps: Sequence[Step]) -> list[Completion]:
         logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
         hidden = self.runner.last_hidden if self._observing else None
+        sampled = self._sample_on_device(steps, logits)
         ended = []
         row = hidden_row = 0
-        now = None
+        now = None if sampled is None else self.clock()  # sampled: the read-back has synced
         for s in steps:
             rows_hidden = None if hidden is None else hidden[hidden_row : hidden_row + s.num_tokens]
             hidden_row += s.num_tokens
-            rows = logits[row : row + s.num_logits]
+            rows = slice(row, row + s.num_logits)
             row += s.num_logits
             try:
                 if not s.samples:
                     s.lane.num_computed = s.end  # the forward has completed: this KV is valid
                     self._observe(s, rows_hidden)
                     continue
+                if sampled is not None and samples_on_device(s.lane.params):
+                    tokens, logprobs = sampled[0][rows], sampled[1][rows]
+                    emitted = coupled_from_samples(s.draft_ids, tokens, logprobs)
+                    emitted = [(t, lp, None) for t, lp in emitted]
+                else:
+                    emitted = self._verify_on_host(s, logits[rows])
                 # the first token read back synchronises with the device: stamp times after it
                 now = now if now is not None else self.clock()
-                done = self._take_tokens(s, rows, rows_hidden, now)
+                done = self._take_tokens(s, emitted, rows_hidden, now)
             except Exception as e:  # this lane's sampling or output broke; the others go on
                 ended.append(self._fail(s.lane, e))
                 continue
@@ -350,26 +364,70 @@ class Engine:
                 ended.append(done)
         return ended
 
-    def _take_tokens(
-        self, s: Step, rows: torch.Tensor, hidden: torch.Tensor | None, now: float
-    ) -> Completion | None:
-        """Sample and verify one step's logits rows, append the tokens; the lane's Completion if
-        it ended."""
-        lane = s.lane
+    def _sample_on_device(
+        self, steps: Sequence[Step], logits: torch.Tensor
+    ) -> tuple[list[int], list[float]] | None:
+        """With the Triton kernels, the rows of every lane that samples on the device (greedy) are
+        sampled in one launch and read back in one copy: (tokens, logprobs) by logits row, None
+        for other rows. None: no row samples on the device."""
+        if self.ops.name != "triton":
+            return None
+        rows, where = [], []  # the device sampler's rows: (params, position), and logits row
+        row = 0
+        for s in (s for s in steps if s.samples):
+            if samples_on_device(s.lane.params):
+                rows += [(s.lane.params, s.end - s.num_logits + 1 + j) for j in range(s.num_logits)]
+                where += range(row, row + s.num_logits)
+            row += s.num_logits
+        if not rows:
+            return None
+        if len(where) < logits.shape[0]:
+            logits = logits[torch.tensor(where, device=logits.device)]
+        tokens, logprobs = sample_batch(logits, rows)
+        by_row: tuple[list, list] = ([None] * row, [None] * row)
+        for i, r in enumerate(where):
+            by_row[0][r], by_row[1][r] = tokens[i], logprobs[i]
+        return by_row
+
+    def _verify_on_host(
+        self, s: Step, rows: torch.Tensor
+    ) -> list[tuple[int, float, list[tuple[int, float]] | None]]:
+        """Sample and verify one step's logits rows [num_logits, vocab] row by row (the CPU path,
+        rejection verification, top_logprobs): tokens with logprob and top alternatives."""
+        p = s.lane.params
         emitted = verify(
             self.config.verify_mode,
             rows,
             s.draft_ids,
             s.draft_logprobs,
-            lane.params,
+            p,
             s.end - s.num_logits + 1,
         )
+        out = []
+        for token, logprobs in emitted:
+            top = None
+            if p.top_logprobs:
+                best = torch.topk(logprobs, p.top_logprobs)
+                top = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+            out.append((token, float(logprobs[token]), top))
+        return out
+
+    def _take_tokens(
+        self,
+        s: Step,
+        emitted: list[tuple[int, float, list[tuple[int, float]] | None]],
+        hidden: torch.Tensor | None,
+        now: float,
+    ) -> Completion | None:
+        """Append one step's emitted tokens (token, logprob, top alternatives); the lane's
+        Completion if it ended."""
+        lane = s.lane
         lane.num_sampling_steps += 1
         if s.draft_ids:
             record_verify(lane, len(s.draft_ids), len(emitted) - 1)
         lane.state = LaneState.DECODE
-        for token, logprobs in emitted:
-            self._append(lane, token, logprobs, now)
+        for token, logprob, top in emitted:
+            self._append(lane, token, logprob, top, now)
             if lane.finish_reason is not None:
                 break
         # KV is valid up to the last kept token's input; rejected drafts' positions are not.
@@ -579,15 +637,12 @@ class Engine:
         cap = min(self.context_len, self.pool.num_blocks * self.config.block_size)
         return min(len(lane.prompt_ids) + lane.params.max_tokens, cap)
 
-    def _append(self, lane: Lane, token: int, logprobs: torch.Tensor, now: float) -> None:
+    def _append(self, lane: Lane, token: int, logprob: float, top: list | None, now: float) -> None:
         p = lane.params
         lane.output_ids.append(token)
-        lane.output_logprobs.append(float(logprobs[token]))
-        if p.top_logprobs:
-            top = torch.topk(logprobs, p.top_logprobs)
-            lane.output_top_logprobs.append(
-                list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-            )
+        lane.output_logprobs.append(logprob)
+        if top is not None:
+            lane.output_top_logprobs.append(top)
         lane.token_times.append(now)
         piece = lane.detokenizer.push(token)
         lane.text += piece

@@ -266,13 +266,16 @@ def test_prompts_of_one_request_are_cancelled_together(server):
     kv = server.wait_idle(timeout=20)
     assert kv["active_lanes"] == kv["waiting_lanes"] == 0 and kv["blocks_owned_by_lanes"] == 0
     assert time.time() - start < 5  # 8 x (1500 + 500) tokens would take far longer
-    metrics = server.get("/metrics")
-    aborted = [
-        float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith('lanes_requests_total{finish_reason="abort"}')
-    ]
-    assert aborted and aborted[0] >= 8
+    deadline = time.time() + 10  # the handler counts its choices once their events reach it
+    while _aborted(server) < 8:
+        assert time.time() < deadline, server.get("/metrics")
+        time.sleep(0.05)
+
+
+def _aborted(server) -> float:
+    metrics = server.get("/metrics").splitlines()
+    prefix = 'lanes_requests_total{finish_reason="abort"}'
+    return next((float(x.split()[-1]) for x in metrics if x.startswith(prefix)), 0.0)
 
 
 def _slow_engine(long_model_dir, seconds: float) -> Engine:

@@ -117,3 +117,49 @@ def test_engine_on_triton_kernels_matches_transformers(tiny_models):
     assert out.token_ids == ref.tolist()
     batched = engine.generate([ids[:3], ids, ids[:5]], params)[1]
     assert batched.token_ids == out.token_ids
+
+
+def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
+    """With the Triton kernels, the greedy rows of every forward are sampled in one launch (one
+    read-back): batched == solo and drafted == undrafted hold on that path, its logprobs are the
+    log-softmax of the same logits, and seeded rows (host path) still reproduce."""
+    import dataclasses
+
+    import lanes.speculation
+    from drafter.replay import ReplayProposer
+    from lanes import Engine, EngineConfig, SamplingParams
+    from lanes.sampling import sampling_logprobs
+
+    launches = []
+    sample_batch = lanes.speculation.sample_batch
+    monkeypatch.setattr(
+        "lanes.engine.sample_batch", lambda *a: launches.append(1) or sample_batch(*a)
+    )
+    path, _ = tiny_models["llama"]
+    engine = Engine(str(path), EngineConfig(kernels="triton", device=DEVICE, prefill_chunk=32))
+    assert engine.ops.name == "triton"
+    prompts = [[11, 12, 13, 14] * 4, [20 + i % 7 for i in range(24)]]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    undrafted = dataclasses.replace(params, draft=False)
+    (solo,) = engine.generate(prompts[:1], undrafted, cache_salt="solo")
+    assert launches  # the device path ran
+    batched = engine.generate(prompts, undrafted, cache_salt="batched")
+    assert [len(o.token_ids) for o in [solo, *batched]] == [8, 8, 8]
+    assert batched[0].token_ids == solo.token_ids
+    records = {tuple(p): o.token_ids for p, o in zip(prompts, batched, strict=True)}
+    engine.proposer = ReplayProposer(records, 0.7, engine.model_config.vocab_size)
+    drafted = engine.generate(prompts, params, cache_salt="drafted")
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in batched]
+    assert sum(o.num_accepted for o in drafted) > 0  # drafts were verified on the device path
+    rows = engine.prompt_logits([prompts[0] + solo.token_ids])[0][len(prompts[0]) - 1 : -1]
+    want = [
+        float(sampling_logprobs(r, params)[t]) for r, t in zip(rows, solo.token_ids, strict=True)
+    ]
+    torch.testing.assert_close(
+        torch.tensor(solo.logprobs), torch.tensor(want), rtol=1e-4, atol=1e-4
+    )
+    seeded = dataclasses.replace(undrafted, temperature=0.8, top_p=0.9, seed=5)
+    first = engine.generate(prompts, seeded, cache_salt="s1")
+    assert [o.token_ids for o in engine.generate(prompts, seeded, cache_salt="s2")] == [
+        o.token_ids for o in first
+    ]
