@@ -124,6 +124,16 @@ def _attention_run(q, k_cache, v_cache, seqs):
     return attention.paged_attention(q, k_cache, v_cache, meta)
 
 
+def _greedy_cases(dtype, device, gen):
+    # well-separated maxima: the reference's argmax after log_softmax sees no rounding tie
+    out = []
+    for r, v in [(1, 300), (5, 20000)]:
+        logits = _rand((r, v), torch.float32, device, gen, 3.0)
+        logits[torch.arange(r), torch.randint(0, v, (r,), generator=gen).to(device)] += 10.0
+        out.append((logits,))
+    return out
+
+
 def _sampling_cases(dtype, device, gen):
     out = []
     for r, v in [(4, 300), (3, 2000)]:
@@ -189,6 +199,16 @@ REGISTRY: list[KernelSpec] = [
         "head_dim a power of two >= 16; GQA; keys in 64-position absolute tiles",
         _LOW,
         _attention_cases,
+    ),
+    KernelSpec(
+        "greedy_tokens",
+        sampling.greedy_tokens,
+        sampling.ref_greedy_tokens,
+        (torch.float32,),
+        True,
+        "logits [R, V] contiguous; one pass per row; argmax ties to the lowest id",
+        {torch.float32: (1e-5, 1e-5)},
+        _greedy_cases,
     ),
     KernelSpec(
         "sample_tokens",

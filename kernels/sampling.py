@@ -157,6 +157,53 @@ def _sample_kernel(
         tl.store(logprob_ptr + row, best_z - z_max - tl.log(kept_total))
 
 
+@triton.jit
+def _greedy_kernel(
+    logits_ptr,  # [R, V]
+    out_ptr,  # [R] int64
+    logprob_ptr,  # [R] fp32: log-softmax of the chosen token
+    V,
+    BLOCK: tl.constexpr,
+):
+    # one pass: the argmax (ties to the lowest id) and an online log-sum-exp, as in the greedy
+    # branch of _sample_kernel, with no per-row parameters to copy to the device
+    row = tl.program_id(0)
+    base = logits_ptr + row.to(tl.int64) * V
+    cols = tl.arange(0, BLOCK)
+    m = float("-inf")
+    total = 0.0
+    best_i = 0
+    for start in range(0, V, BLOCK):
+        idx = start + cols
+        z = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+        block_max = tl.max(z, axis=0)
+        block_i = tl.min(tl.where(z == block_max, idx, V), axis=0)
+        new_m = tl.maximum(m, block_max)
+        total = total * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
+        best_i = tl.where(block_max > m, block_i, best_i)
+        m = new_m
+    tl.store(out_ptr + row, best_i.to(tl.int64))
+    tl.store(logprob_ptr + row, -tl.log(total))
+
+
+def greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax of each row of logits [R, V] (ties to the lowest id) and its log-softmax:
+    (tokens int64 [R], logprobs fp32 [R]). One launch, nothing copied to the device."""
+    check(logits.dim() == 2 and logits.is_contiguous(), "logits must be contiguous [R, V]")
+    r, v = logits.shape
+    tokens = torch.empty(r, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(r, dtype=torch.float32, device=logits.device)
+    if r:
+        _greedy_kernel[(r,)](logits, tokens, logprobs, v, BLOCK=BLOCK_V, num_warps=16)
+    return tokens, logprobs
+
+
+def ref_greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    tokens = torch.argmax(logprobs, dim=-1)
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,

@@ -34,8 +34,8 @@ from lanes.share import ShareAllocator
 from lanes.speculation import (
     choose_num_drafts,
     coupled_from_samples,
+    greedy_batch,
     record_verify,
-    sample_batch,
     samples_on_device,
     verify,
 )
@@ -372,18 +372,17 @@ class Engine:
         for other rows. None: no row samples on the device."""
         if self.ops.name != "triton":
             return None
-        rows, where = [], []  # the device sampler's rows: (params, position), and logits row
+        where = []  # logits rows the device samples
         row = 0
         for s in (s for s in steps if s.samples):
             if samples_on_device(s.lane.params):
-                rows += [(s.lane.params, s.end - s.num_logits + 1 + j) for j in range(s.num_logits)]
                 where += range(row, row + s.num_logits)
             row += s.num_logits
-        if not rows:
+        if not where:
             return None
         if len(where) < logits.shape[0]:
             logits = logits[torch.tensor(where, device=logits.device)]
-        tokens, logprobs = sample_batch(logits, rows)
+        tokens, logprobs = greedy_batch(logits)
         by_row: tuple[list, list] = ([None] * row, [None] * row)
         for i, r in enumerate(where):
             by_row[0][r], by_row[1][r] = tokens[i], logprobs[i]

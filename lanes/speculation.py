@@ -87,22 +87,12 @@ def samples_on_device(params: SamplingParams) -> bool:
     return params.is_greedy and params.top_logprobs == 0
 
 
-def sample_batch(
-    logits: torch.Tensor, rows: list[tuple[SamplingParams, int]]
-) -> tuple[list[int], list[float]]:
-    """Every row of logits [R, vocab] sampled in one launch, with the position-keyed noise of
-    (row's params, position): tokens and their log-probabilities, read back in one copy."""
-    from kernels.sampling import sample_tokens
+def greedy_batch(logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Every row of logits [R, vocab] decoded greedily in one launch: tokens and their
+    log-probabilities, read back in one copy."""
+    from kernels.sampling import greedy_tokens
 
-    greedy = [p.is_greedy for p, _ in rows]
-    tokens, logprobs = sample_tokens(
-        logits.contiguous(),
-        torch.tensor([0.0 if g else p.temperature for g, (p, _) in zip(greedy, rows, strict=True)]),
-        torch.tensor([0 if g else p.top_k for g, (p, _) in zip(greedy, rows, strict=True)]),
-        torch.tensor([1.0 if g else p.top_p for g, (p, _) in zip(greedy, rows, strict=True)]),
-        [p.seed for p, _ in rows],
-        [position for _, position in rows],
-    )
+    tokens, logprobs = greedy_tokens(logits.contiguous())
     both = torch.stack([tokens.double(), logprobs.double()]).tolist()  # token ids < 2**53
     return [int(t) for t in both[0]], both[1]
 

@@ -42,6 +42,7 @@ def test_registry_is_complete():
         "rope",
         "kv_write",
         "paged_attention",
+        "greedy_tokens",
         "sample_tokens",
     }
     assert all(
@@ -131,9 +132,9 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     from lanes.sampling import sampling_logprobs
 
     launches = []
-    sample_batch = lanes.speculation.sample_batch
+    greedy_batch = lanes.speculation.greedy_batch
     monkeypatch.setattr(
-        "lanes.engine.sample_batch", lambda *a: launches.append(1) or sample_batch(*a)
+        "lanes.engine.greedy_batch", lambda *a: launches.append(1) or greedy_batch(*a)
     )
     path, _ = tiny_models["llama"]
     engine = Engine(str(path), EngineConfig(kernels="triton", device=DEVICE, prefill_chunk=32))
