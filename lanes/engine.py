@@ -283,6 +283,7 @@ class Engine:
         except Exception as e:
             if len(steps) == 1:
                 return [self._fail(steps[0].lane, e)]
+            log.exception("a round stage failed for %d lanes; rerunning each alone", len(steps))
         ended = []
         for s in steps:
             try:
