@@ -41,6 +41,25 @@ def _gumbel(seed_lo, seed_hi, pos, tok):
 
 
 @triton.jit
+def _greedy_row(base, V, cols, BLOCK: tl.constexpr):
+    """One pass over a row: the argmax (ties to the lowest id) and its log-softmax, by an online
+    log-sum-exp. Returns (token, logprob)."""
+    m = float("-inf")
+    total = 0.0
+    best_i = 0
+    for start in range(0, V, BLOCK):
+        idx = start + cols
+        z = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+        block_max = tl.max(z, axis=0)
+        block_i = tl.min(tl.where(z == block_max, idx, V), axis=0)
+        new_m = tl.maximum(m, block_max)
+        total = total * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
+        best_i = tl.where(block_max > m, block_i, best_i)
+        m = new_m
+    return best_i, -tl.log(total)
+
+
+@triton.jit
 def _sample_kernel(
     logits_ptr,  # [R, V]
     temp_ptr,  # [R] fp32 (0: greedy)
@@ -63,23 +82,11 @@ def _sample_kernel(
     greedy = temp == 0.0
     cols = tl.arange(0, BLOCK)
     if greedy:
-        # one pass: the argmax (ties to the lowest id) and an online log-sum-exp
-        m = float("-inf")
-        total = 0.0
-        best_i = 0
-        for start in range(0, V, BLOCK):
-            idx = start + cols
-            z = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-            block_max = tl.max(z, axis=0)
-            block_i = tl.min(tl.where(z == block_max, idx, V), axis=0)
-            new_m = tl.maximum(m, block_max)
-            total = total * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
-            best_i = tl.where(block_max > m, block_i, best_i)
-            m = new_m
-        tl.store(out_ptr + row, best_i.to(tl.int64))
-        tl.store(logprob_ptr + row, -tl.log(total))
+        token, logprob = _greedy_row(base, V, cols, BLOCK)
+        tl.store(out_ptr + row, token.to(tl.int64))
+        tl.store(logprob_ptr + row, logprob)
     else:
-        inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, temp))
+        inv_t = 1.0 / temp
 
         # max and min of z = logits / T
         z_max = float("-inf")
@@ -92,7 +99,7 @@ def _sample_kernel(
 
         # top-k: the largest threshold keeping at least top_k values
         k_thr = z_min
-        if (top_k > 0) & (top_k < V) & (~greedy):
+        if (top_k > 0) & (top_k < V):
             lo = z_min
             hi = z_max
             for _ in range(BISECT):
@@ -114,7 +121,7 @@ def _sample_kernel(
             z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
             total += tl.sum(tl.where(mask & (z >= k_thr), tl.exp(z - z_max), 0.0), axis=0)
         p_thr = 0.0
-        if (top_p < 1.0) & (~greedy):
+        if top_p < 1.0:
             lo = 0.0
             hi = 1.0
             for _ in range(BISECT):
@@ -144,7 +151,7 @@ def _sample_kernel(
             z = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32) * inv_t
             keep = mask & (z >= k_thr) & (tl.exp(z - z_max) / total >= p_thr)
             kept_total += tl.sum(tl.where(keep, tl.exp(z - z_max), 0.0), axis=0)
-            score = tl.where(greedy, z, z + _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32)))
+            score = z + _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
             score = tl.where(keep, score, float("-inf"))
             m = tl.max(score, axis=0)
             i = tl.min(tl.where(score == m, idx, V), axis=0)
@@ -165,25 +172,12 @@ def _greedy_kernel(
     V,
     BLOCK: tl.constexpr,
 ):
-    # one pass: the argmax (ties to the lowest id) and an online log-sum-exp, as in the greedy
-    # branch of _sample_kernel, with no per-row parameters to copy to the device
+    # _sample_kernel's greedy rows, with no per-row parameters to copy to the device
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * V
-    cols = tl.arange(0, BLOCK)
-    m = float("-inf")
-    total = 0.0
-    best_i = 0
-    for start in range(0, V, BLOCK):
-        idx = start + cols
-        z = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-        block_max = tl.max(z, axis=0)
-        block_i = tl.min(tl.where(z == block_max, idx, V), axis=0)
-        new_m = tl.maximum(m, block_max)
-        total = total * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
-        best_i = tl.where(block_max > m, block_i, best_i)
-        m = new_m
-    tl.store(out_ptr + row, best_i.to(tl.int64))
-    tl.store(logprob_ptr + row, -tl.log(total))
+    token, logprob = _greedy_row(base, V, tl.arange(0, BLOCK), BLOCK)
+    tl.store(out_ptr + row, token.to(tl.int64))
+    tl.store(logprob_ptr + row, logprob)
 
 
 def greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

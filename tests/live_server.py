@@ -80,6 +80,8 @@ class LiveServer:
     def wait_idle(self, timeout: float = 30) -> dict:
         """/debug/kv once no lane is active (or the timeout passes)."""
         deadline = time.time() + timeout
-        while self.kv()["active_lanes"] + self.kv()["waiting_lanes"] and time.time() < deadline:
+        kv = self.kv()
+        while kv["active_lanes"] + kv["waiting_lanes"] and time.time() < deadline:
             time.sleep(0.05)
-        return self.kv()
+            kv = self.kv()
+        return kv
