@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import torch
+from lanes.drafter.model import ModelDrafter
+from lanes.drafter.ngram import NgramProposer
+from lanes.drafter.replay import ReplayProposer
 
-from drafter.model import ModelDrafter
-from drafter.ngram import NgramProposer
-from drafter.replay import ReplayProposer
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import open_checkpoint
 
 PROMPTS = [
@@ -61,10 +61,10 @@ def main() -> None:
     ckpt = open_checkpoint(args.model)
     cfg = EngineConfig(device=args.device, num_draft_tokens=4)
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
-    base = Engine(checkpoint=ckpt, config=cfg)
+    base = build_engine(checkpoint=ckpt, config=cfg)
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
     if args.chat_prompts:
-        from drafter.corpus import chat_prompts, pydoc_texts, shakespeare_texts
+        from lanes.drafter.corpus import chat_prompts, pydoc_texts, shakespeare_texts
 
         sources = {"pydoc": pydoc_texts(), "shakespeare": shakespeare_texts()}
         chats = chat_prompts(args.chat_prompts, seed=12345, sources=sources)
@@ -80,7 +80,7 @@ def main() -> None:
         "replay-0.8": ReplayProposer(records, 0.8, vocab),
     }
     if args.distilled:
-        from drafter import make_proposer
+        from lanes.drafter import make_proposer
 
         drafters["distilled"] = make_proposer(args.distilled, cfg, ckpt)
         drafters["distilled+ngram"] = make_proposer(args.distilled + "+ngram", cfg, ckpt)
@@ -88,7 +88,7 @@ def main() -> None:
         drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
     results = {}
     for name, proposer in drafters.items():
-        engine = Engine(checkpoint=ckpt, config=cfg, proposer=proposer)
+        engine = build_engine(checkpoint=ckpt, config=cfg, proposer=proposer)
         plain_s, drafted_s = [], []
         for i in range(args.repeats + 1):  # the first pair is a warm-up
             t_plain, _ = timed(base, chats, dataclasses.replace(params, draft=False))

@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 import torch
+from lanes.drafter.base import Draft, Proposer
+from lanes.drafter.model import ModelDrafter
+from lanes.drafter.replay import ReplayProposer
 
 from bench.shapes import SHAPES, id_tokenizer, random_checkpoint, synthetic_prompt
-from drafter.base import Draft, Proposer
-from drafter.model import ModelDrafter
-from drafter.replay import ReplayProposer
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 
 class CostedReplay(Proposer):
@@ -163,7 +163,7 @@ def section_share(
 ) -> dict:
     rows = []
     for s in shares:
-        engine = Engine(checkpoint=ckpt, config=cfg.replace(prefill_share=s))
+        engine = build_engine(checkpoint=ckpt, config=cfg.replace(prefill_share=s))
         mixed_workload(engine, vocab, 2, 1, 256, 8, "warm")  # compile and capture first
         row = {
             "prefill_share": s,
@@ -281,7 +281,7 @@ def main() -> None:
     out = Path(args.out or Path(__file__).parent / "results" / f"engine-{args.device}.json")
     sections = args.sections.split(",")
     if "spec" in sections or "c64" in sections:
-        engine = Engine(checkpoint=ckpt, config=cfg)
+        engine = build_engine(checkpoint=ckpt, config=cfg)
     if "spec" in sections:
         drafter = ModelDrafter(
             random_checkpoint(dc, args.device, seed=1, tokenizer=tok),

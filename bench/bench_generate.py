@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import open_checkpoint
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -33,7 +33,7 @@ def main() -> None:
 
     ckpt = open_checkpoint(args.model)
     engines = {
-        mode: Engine(
+        mode: build_engine(
             checkpoint=ckpt, config=EngineConfig(device=args.device, exact=mode == "exact")
         )
         for mode in ("exact", "fast")

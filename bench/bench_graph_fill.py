@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.block_table import BlockTable
+from lanes.cache.block_table import BlockTable
+
 from lanes.graphs import DecodeGraphs, _Graph
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 
 def batch1(engine: Engine, vocab: int, new: int, seed: int) -> float:
@@ -61,7 +61,9 @@ def main() -> None:
     }
     base = dict(device="cuda", kv_cache_bytes=24 * 2**30, prompt_cache_bytes=0, max_lanes=64)
     for name, shape in (("smollm2-135m", SMOLLM2_135M), ("llama-3.1-8b", LLAMA_31_8B)):
-        engine = Engine(checkpoint=random_checkpoint(shape, "cuda"), config=EngineConfig(**base))
+        engine = build_engine(
+            checkpoint=random_checkpoint(shape, "cuda"), config=EngineConfig(**base)
+        )
         runs = [
             batch1(engine, shape.vocab_size, args.new_tokens, i) for i in range(args.repeats + 1)
         ]

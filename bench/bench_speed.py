@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 
 def weight_bytes(engine: Engine) -> int:
@@ -82,7 +82,7 @@ def main() -> None:
             max_tokens_per_round=32768,
         )
         engines = {
-            m: Engine(checkpoint=ckpt, config=EngineConfig(exact=m == "exact", **base))
+            m: build_engine(checkpoint=ckpt, config=EngineConfig(exact=m == "exact", **base))
             for m in ("exact", "fast")
         }
         nbytes = weight_bytes(engines["exact"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 
 def sha(ids: list[int]) -> str:
@@ -63,10 +63,10 @@ def main() -> None:
         shape = SHAPES[args.shape]
         ckpt = random_checkpoint(shape, args.device, tokenizer=id_tokenizer(shape.vocab_size))
         config = config.replace(kv_cache_bytes=32 * 2**30, prompt_cache_bytes=16 * 2**30)
-        engine = Engine(checkpoint=ckpt, config=config)
+        engine = build_engine(checkpoint=ckpt, config=config)
         prompt = synthetic_prompt(shape.vocab_size, args.prompt_tokens, 7)
     else:
-        engine = Engine(args.model, config)
+        engine = build_engine(args.model, config)
         text = " ".join(pydoc_data.topics.topics.values())
         prompt = engine.tokenizer.encode(text)[: args.prompt_tokens]
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)

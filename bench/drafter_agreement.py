@@ -14,11 +14,11 @@ import argparse
 from pathlib import Path
 
 import torch
+from lanes.drafter.corpus import chat_prompts, pydoc_texts
+from lanes.drafter.distill import EagleHead, hf_config
 from safetensors.torch import load_file
 
-from drafter.corpus import chat_prompts, pydoc_texts
-from drafter.distill import EagleHead, hf_config
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.config import ModelConfig
 from lanes.models import open_checkpoint
 
@@ -38,8 +38,8 @@ def main() -> None:
         for name, t in own.items():
             if name != "eagle.vocab":
                 head.p(name).copy_(t.float())
-    plain = Engine(checkpoint=target, config=EngineConfig(prompt_cache_bytes=0))
-    drafted = Engine(
+    plain = build_engine(checkpoint=target, config=EngineConfig(prompt_cache_bytes=0))
+    drafted = build_engine(
         checkpoint=target,
         config=EngineConfig(
             prompt_cache_bytes=0, drafter=args.drafter, num_draft_tokens=4, adaptive_drafts=False

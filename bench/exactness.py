@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import torch
+from lanes.drafter.replay import ReplayProposer
 
 from bench.shapes import SHAPES, random_checkpoint
-from drafter.replay import ReplayProposer
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 SAMPLINGS = {
     "greedy": SamplingParams(max_tokens=16, ignore_eos=True),
@@ -128,7 +128,7 @@ def main() -> None:
             prefill_chunk=512,
             num_draft_tokens=4,
         )
-        engine = Engine(checkpoint=ckpt, config=cfg)
+        engine = build_engine(checkpoint=ckpt, config=cfg)
         results = {}
         for name, params in SAMPLINGS.items():
             t0 = time.perf_counter()

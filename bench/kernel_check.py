@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from kernels import matmul
-from kernels.registry import REGISTRY
+from lanes.kernels import matmul
+from lanes.kernels.registry import REGISTRY
 
 OUT = Path(__file__).parent / "results" / "kernels-gpu.json"
 LAYERS_8B = {

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 from lanes.lane import LaneState
 
 
@@ -61,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/busy-h200.json")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--overlap", nargs="+", default=["off", "on"], choices=["off", "on"])
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     base = dict(device="cuda", kv_cache_bytes=24 * 2**30, prompt_cache_bytes=0, max_lanes=64)
@@ -68,13 +69,19 @@ def main() -> None:
         ("smollm2-135m", SMOLLM2_135M, [(1, 128)]),
         ("llama-3.1-8b", LLAMA_31_8B, [(1, 128), (64, 700)]),
     ):
-        engine = Engine(checkpoint=random_checkpoint(shape, "cuda"), config=EngineConfig(**base))
-        for lanes, ctx in cases:
-            r = busy(engine, shape.vocab_size, lanes, ctx, args.steps)
-            report[f"{name} lanes={lanes}"] = r
-            print(name, json.dumps(r), flush=True)
-        del engine
-        torch.cuda.empty_cache()
+        ckpt = random_checkpoint(shape, "cuda")
+        for overlap in args.overlap:
+            engine = build_engine(
+                checkpoint=ckpt, config=EngineConfig(**base, overlap=overlap == "on")
+            )
+            for lanes, ctx in cases:
+                r = busy(engine, shape.vocab_size, lanes, ctx, args.steps)
+                key = f"{name} lanes={lanes} overlap={overlap}"
+                report[key] = r
+                print(key, json.dumps(r), flush=True)
+            del engine
+            torch.cuda.empty_cache()
+        del ckpt
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
 

@@ -13,7 +13,7 @@ import time
 import torch
 
 from bench.shapes import SHAPES, random_checkpoint
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     args = ap.parse_args()
     cfg = SHAPES[args.shape]
-    engine = Engine(
+    engine = build_engine(
         checkpoint=random_checkpoint(cfg, "cuda"),
         config=EngineConfig(device="cuda", cuda_graphs=bool(args.graphs), kv_cache_bytes=2**31),
     )

@@ -10,7 +10,7 @@ import pstats
 import time
 
 from bench.shapes import SHAPES, id_tokenizer, random_checkpoint, synthetic_prompt
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--exact", action="store_true", help="exact (batch-invariant) ops; default fast")
@@ -18,7 +18,7 @@ ap.add_argument("--lanes", type=int, default=64)
 args = ap.parse_args()
 shape = SHAPES["tiny"]
 ck = random_checkpoint(shape, "cpu", tokenizer=id_tokenizer(shape.vocab_size))
-eng = Engine(
+eng = build_engine(
     checkpoint=ck, config=EngineConfig(max_lanes=args.lanes, prompt_cache_bytes=0, exact=args.exact)
 )
 prompts = [synthetic_prompt(shape.vocab_size, 512, i) for i in range(args.lanes)]

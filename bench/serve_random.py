@@ -12,7 +12,7 @@ import torch
 import uvicorn
 
 from bench.shapes import SHAPES, random_checkpoint
-from lanes import Engine, EngineConfig
+from lanes import EngineConfig, build_engine
 from lanes.server import build_app
 
 
@@ -33,7 +33,7 @@ def main() -> None:
         max_tokens_per_round=8192,
         prefill_chunk=2048,
     )
-    engine = Engine(checkpoint=random_checkpoint(SHAPES[args.shape], device), config=config)
+    engine = build_engine(checkpoint=random_checkpoint(SHAPES[args.shape], device), config=config)
     uvicorn.run(
         build_app(engine, args.shape), host="127.0.0.1", port=args.port, log_level="warning"
     )

@@ -25,6 +25,7 @@ class KVPool:
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.dtype = dtype
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

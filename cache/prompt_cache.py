@@ -7,7 +7,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from cache.block_pool import BlockPool, IntegrityError
+from lanes.cache.block_pool import BlockPool, IntegrityError
 
 
 class PromptCache:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from drafter.base import Draft, Proposer
+from lanes.drafter.base import Draft, Proposer
 
 if TYPE_CHECKING:
     from lanes.config import EngineConfig
@@ -20,21 +20,22 @@ def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Propos
     if spec in ("", "none"):
         return None
     if spec == "ngram":
-        from drafter.ngram import NgramProposer
+        from lanes.drafter.ngram import NgramProposer
 
         return NgramProposer()
-    from drafter.eagle import EagleDrafter, is_eagle_dir
+    from lanes.drafter.eagle import EagleDrafter, is_eagle_dir
 
     if is_eagle_dir(spec):
         return EagleDrafter(spec, target, config)
     head, plus, lookup = spec.rpartition("+")
     if plus and lookup == "ngram" and is_eagle_dir(head):
-        from drafter.hybrid import HybridProposer
-        from drafter.ngram import NgramProposer
+        from lanes.drafter.hybrid import HybridProposer
+        from lanes.drafter.ngram import NgramProposer
 
         # suffixes of 3+ tokens: shorter matches guess worse than the head does
         return HybridProposer(EagleDrafter(head, target, config), NgramProposer(min_n=3))
-    from drafter.model import ModelDrafter, with_shared_tensors
+    from lanes.drafter.model import ModelDrafter, with_shared_tensors
+
     from lanes.models import open_checkpoint
 
     return ModelDrafter(

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lanes.drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
+from lanes.drafter.eagle import FUSE, REDUCE, VOCAB
+from lanes.drafter.teacher import DenseTarget, Example
 from safetensors.torch import save_file
 
-from drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
-from drafter.eagle import FUSE, REDUCE, VOCAB
-from drafter.teacher import DenseTarget, Example
-from lanes import Engine
+from lanes import build_engine
 from lanes.config import EngineConfig, ModelConfig
 from lanes.models import Checkpoint, open_checkpoint
 from lanes.models.rope import rope_tables
@@ -505,7 +505,7 @@ def held_out_acceptance(
         num_draft_tokens=num_draft_tokens,
         adaptive_drafts=False,
     )
-    engine = Engine(checkpoint=target, config=cfg)
+    engine = build_engine(checkpoint=target, config=cfg)
     result = {}
     for name, temp in (("greedy", 0.0), ("temperature_0.7", SAMPLED_TEMPERATURE)):
         params = [

@@ -40,17 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from lanes.cache.block_pool import BlockPool
+from lanes.cache.block_table import BlockTable
+from lanes.cache.kv_pool import KVPool
+from lanes.cache.prompt_cache import PromptCache
+from lanes.drafter.base import Draft, Proposer
 from safetensors import safe_open
 
-from cache.block_pool import BlockPool
-from cache.block_table import BlockTable
-from cache.kv_pool import KVPool
-from cache.prompt_cache import PromptCache
-from drafter.base import Draft, Proposer
+from lanes.backends import make_ops
 from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
-from lanes.ops import make_ops
 from lanes.rounds import Step
 from lanes.runner import build_runner
 from lanes.sampling import sample_row

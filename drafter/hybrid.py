@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from drafter.base import Draft, Proposer
-from drafter.eagle import EagleDrafter
-from drafter.ngram import NgramProposer
+from lanes.drafter.base import Draft, Proposer
+from lanes.drafter.eagle import EagleDrafter
+from lanes.drafter.ngram import NgramProposer
+
 from lanes.lane import Lane
 
 

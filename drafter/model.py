@@ -6,15 +6,15 @@ import itertools
 from collections.abc import Sequence
 
 import torch
+from lanes.cache.block_pool import BlockPool
+from lanes.cache.block_table import BlockTable
+from lanes.cache.kv_pool import KVPool
+from lanes.drafter.base import Draft, Proposer
 
-from cache.block_pool import BlockPool
-from cache.block_table import BlockTable
-from cache.kv_pool import KVPool
-from drafter.base import Draft, Proposer
+from lanes.backends import make_ops
 from lanes.config import ConfigError, EngineConfig
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
-from lanes.ops import make_ops
 from lanes.rounds import Step
 from lanes.runner import build_runner
 from lanes.sampling import sample_row

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
-from kernels.common import check, interpreting
+from lanes.kernels.common import check, interpreting
 
 BLOCK_N = 64
 BLOCK_ROWS = 64  # rows per program: BLOCK_Q queries x GROUP heads, padded to a power of two

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.common import interpreting
+from lanes.kernels.common import interpreting
 
 BLOCK_N = 64
 BLOCK_K = 64

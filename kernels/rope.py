@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.common import FLOAT_DTYPES, check
+from lanes.kernels.common import FLOAT_DTYPES, check
 
 
 @triton.jit

@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.common import check
+from lanes.kernels.common import check
 
 _BISECT = 40  # float32 thresholds: 40 halvings reach the resolution of the interval's floats
 BLOCK_V = 8192  # with 16 warps: a 128K-vocabulary row in 16 steps (one program per row)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache.block_pool import IntegrityError
+from lanes.cache.block_pool import IntegrityError
 from lanes.engine import Completion, Engine, Prompt
 from lanes.lane import Lane
 from lanes.metrics import peak_memory_bytes

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from lanes.rounds import Step
 
 
 @dataclass(frozen=True)
@@ -41,3 +45,48 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+def pack_batch(batch: ForwardBatch) -> dict:
+    """A ForwardBatch as plain CPU data for broadcast_object_list."""
+    return {
+        "input_ids": batch.input_ids.cpu(),
+        "positions": batch.positions.cpu(),
+        "slot_mapping": batch.slot_mapping.cpu(),
+        "seqs": [
+            (s.query_start, s.num_queries, s.context_len, s.kv_slots.cpu()) for s in batch.seqs
+        ],
+        "logits_indices": batch.logits_indices.cpu(),
+    }
+
+
+def unpack_batch(d: dict, device: str) -> ForwardBatch:
+    return ForwardBatch(
+        input_ids=d["input_ids"].to(device),
+        positions=d["positions"].to(device),
+        slot_mapping=d["slot_mapping"].to(device),
+        seqs=tuple(SeqSlice(qs, nq, cl, sl.to(device)) for qs, nq, cl, sl in d["seqs"]),
+        logits_indices=d["logits_indices"].to(device),
+    )
+
+
+def fill_pending(
+    input_ids: torch.Tensor,
+    first_rows: Sequence[int],
+    steps: Sequence[Step],
+    previous_tokens: torch.Tensor | None,
+) -> None:
+    """Overwrite, on the device, the first input row of each step with a `pending_row` by that
+    row of previous_tokens: the host never waits for a token the device already has."""
+    where = [
+        (row, s.pending_row)
+        for row, s in zip(first_rows, steps, strict=True)
+        if s.pending_row is not None
+    ]
+    if not where:
+        return
+    if previous_tokens is None:
+        raise ValueError("steps with pending rows need the previous forward's tokens")
+    rows, src = zip(*where, strict=True)
+    index = torch.tensor([rows, src], dtype=torch.int64).to(input_ids.device, non_blocking=True)
+    input_ids.index_copy_(0, index[0], previous_tokens.index_select(0, index[1]))

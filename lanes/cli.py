@@ -9,8 +9,8 @@ import time
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from lanes.build import build_engine
     from lanes.config import EngineConfig
-    from lanes.engine import Engine
     from lanes.sampling import SamplingParams
 
     params = SamplingParams(
@@ -28,7 +28,7 @@ def _generate(args: argparse.Namespace) -> int:
         drafter=args.drafter,
         num_draft_tokens=args.num_draft_tokens,
     )
-    engine = Engine(args.model, config)
+    engine = build_engine(args.model, config)
     use_chat = engine.tokenizer.chat_template and not args.raw
     prompt = [{"role": "user", "content": args.prompt}] if use_chat else args.prompt
     start = time.perf_counter()
@@ -56,8 +56,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
+    from lanes.build import build_engine
     from lanes.config import EngineConfig, api_key_from_env
-    from lanes.engine import Engine
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -72,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_lanes=args.max_lanes,
         prompt_cache_bytes=args.prompt_cache_bytes,
         kv_cache_bytes=args.kv_cache_bytes,
+        overlap=args.overlap,
     )
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     options = dict(
@@ -84,13 +85,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tensor_parallel > 1:
         import functools
 
-        from lanes.parallel import run_tensor_parallel
+        from lanes.build import run_tensor_parallel
 
         run_tensor_parallel(
             args.tensor_parallel, args.model, config, functools.partial(serve_engine, **options)
         )
         return 0
-    serve_engine(Engine(args.model, config), **options)
+    serve_engine(build_engine(args.model, config), **options)
     return 0
 
 
@@ -151,7 +152,7 @@ class _CliError(Exception):
 def _distill(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from drafter.distill import distill
+    from lanes.drafter.distill import distill
 
     report = distill(
         args.target,
@@ -185,7 +186,7 @@ def _kernels(args: argparse.Namespace) -> int:
     """The kernel registry, with each kernel's last GPU check from bench/results/."""
     from pathlib import Path
 
-    from kernels.registry import REGISTRY
+    from lanes.kernels.registry import REGISTRY
 
     results = Path(__file__).resolve().parent.parent / "bench" / "results" / "kernels-gpu.json"
     gpu = json.loads(results.read_text()) if results.is_file() else {}
@@ -310,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--exact", action="store_true", default=True, help="batch-invariant ops (default)"
     )
     mode.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
+    serve.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch each greedy decode round before the last one's tokens are read back "
+        "(default: on CUDA)",
+    )
     serve.set_defaults(run=_serve)
     return parser
 

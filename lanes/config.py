@@ -198,6 +198,9 @@ class EngineConfig:
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
     kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
     cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
+    # launch a greedy decode round on the previous round's device tokens before reading them
+    # back (lanes/inflight.py); None: on CUDA only (on the CPU nothing runs asynchronously)
+    overlap: bool | None = None
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)

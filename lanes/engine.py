@@ -16,19 +16,19 @@ from dataclasses import dataclass
 
 import torch
 
-from cache.block_pool import BlockPool
-from cache.block_table import BlockTable
-from cache.kv_pool import KVPool
-from cache.prompt_cache import PromptCache
-from drafter import Proposer, make_proposer
+from lanes.cache.block_pool import BlockPool
+from lanes.cache.block_table import BlockTable
+from lanes.cache.kv_pool import KVPool
+from lanes.cache.prompt_cache import PromptCache
 from lanes.config import EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
+from lanes.drafter import Proposer
+from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
 from lanes.metrics import EngineMetrics, RoundRecord
-from lanes.models import Checkpoint, build_decoder, open_checkpoint
-from lanes.ops import make_ops
+from lanes.models import Checkpoint
 from lanes.rounds import LaneRound, Step, plan_round
-from lanes.runner import build_runner
+from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
 from lanes.share import ShareAllocator
 from lanes.speculation import (
@@ -76,47 +76,39 @@ class Completion:
 class Engine:
     def __init__(
         self,
-        model: str | None = None,
-        config: EngineConfig | None = None,
-        *,
-        checkpoint: Checkpoint | None = None,
-        clock: Callable[[], float] = time.perf_counter,
+        config: EngineConfig,
+        checkpoint: Checkpoint,
+        runner: ModelRunner,
         proposer: Proposer | None = None,
-        parallel=None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        comm=None,
     ) -> None:
-        """parallel: a lanes.parallel.Comm to run as one rank of a tensor-parallel group."""
-        self.config = cfg = config or EngineConfig()
-        ckpt = checkpoint or open_checkpoint(model)
-        self.model_config = mc = ckpt.config
-        self.tokenizer = ckpt.tokenizer
-        self.fingerprint = ckpt.fingerprint
-        self.source = ckpt.source
+        """Parts come built (lanes.build.build_engine is the one place that builds them): the
+        runner holds the target and its KV; comm is a lanes.parallel.Comm when this engine is
+        rank 0 of a tensor-parallel group."""
+        self.config = cfg = config
+        self.model_config = mc = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.fingerprint = checkpoint.fingerprint
+        self.source = checkpoint.source
         self.clock = clock
-        self.dtype = getattr(torch, cfg.torch_dtype_name)
-        self.ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
-        decoder = build_decoder(ckpt, self.ops, self.dtype, cfg.device)
-        self.comm = parallel
-        if parallel is not None:
-            from lanes.models.decoder import Decoder
-            from lanes.parallel import shard_config, shard_weights
-
-            local = shard_config(mc, parallel.world)
-            weights = shard_weights(decoder.weights, mc, parallel.rank, parallel.world)
-            decoder = Decoder(local, weights, self.ops, parallel, parallel.rank * local.vocab_size)
+        self.dtype = runner.kv.dtype
+        self.ops = runner.decoder.ops
+        self.comm = comm
         bs = cfg.block_size
-        per_block = KVPool.bytes_per_block(
+        self.bytes_per_block = KVPool.bytes_per_block(
             mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, self.dtype
         )
-        self.bytes_per_block = per_block
-        num_blocks = max(1, cfg.kv_cache_bytes // per_block)
-        self.pool = BlockPool(num_blocks)
-        self.cache = PromptCache(self.pool, ckpt.fingerprint, cfg.prompt_cache_bytes // per_block)
-        self.runner = build_runner(decoder, num_blocks, cfg, self.dtype)
+        self.pool = BlockPool(runner.num_blocks)
+        self.cache = PromptCache(
+            self.pool, checkpoint.fingerprint, cfg.prompt_cache_bytes // self.bytes_per_block
+        )
+        self.runner = runner
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
-        drafts_here = parallel is None or parallel.rank == 0  # the drafter lives on rank 0
-        self.proposer = proposer or (make_proposer(cfg.drafter, cfg, ckpt) if drafts_here else None)
+        self.proposer = proposer
         if self._observing:  # the target keeps the features this drafter reads
             self.runner.decoder.feature_layers = self.proposer.target_feature_layers
         self.waiting: list[Lane] = []
@@ -128,6 +120,10 @@ class Engine:
         self.on_progress: Callable[[], None] = lambda: None
         self._cancel_requested: set[int] = set()
         self._ids = itertools.count()
+        # overlapped rounds: the launched decode round whose tokens are not yet taken
+        self._overlap = cfg.overlap if cfg.overlap is not None else cfg.device.startswith("cuda")
+        self._inflight: InFlight | None = None
+        self._last_round_end = clock()
 
     @property
     def context_len(self) -> int:
@@ -210,7 +206,13 @@ class Engine:
         """Run one lane round; return the requests that ended in it (finished, cancelled, or
         failed). A failure is kept to the lanes it concerns: a stage that raises for several
         lanes is retried one lane at a time, and only the lanes that fail alone end, with
-        finish_reason "error"; the others go on as if nothing happened."""
+        finish_reason "error"; the others go on as if nothing happened.
+
+        With overlap, a round of plain greedy decode steps leaves its tokens on the device
+        (lanes.inflight); the next step launches the round after it on top of them before it
+        takes them, and falls back to a planned round whenever that cannot be done."""
+        if self._inflight is not None:
+            return self._step_on_top()
         host_start = self.clock()
         ended = self._apply_cancellations()
         ended += self._admit()
@@ -219,6 +221,7 @@ class Engine:
         if not plan.steps:
             return ended
         host_seconds = self.clock() - host_start
+        defer = self._overlap and not plan.prefill
         start = self.clock()
         plan, failed = self._fill_drafts_isolated(plan)
         ended += failed
@@ -229,7 +232,10 @@ class Engine:
             group = tuple(s for s in group if not s.lane.is_finished)  # cancelled mid-round
             if not group:
                 continue
-            ended += self._isolated(self._run_forward, list(group))
+            if defer and all(self._overlappable(s) for s in group):
+                ended += self._launch_deferred(group)
+            else:
+                ended += self._isolated(self._run_forward, list(group))
             prefill = [s for s in group if id(s) not in decode_steps]
             ended += self._isolated(self._drafter_prefill, prefill)
             if self.config.device.startswith("cuda") and prefill:
@@ -243,6 +249,7 @@ class Engine:
             ended += self._apply_cancellations()
             self.on_progress()
         seconds = self.clock() - start
+        self._last_round_end = self.clock()
         self.share.record(num_prefill, num_decode, seconds)
         self.metrics.achieved_prefill_share = self.share.achieved_share
         self.metrics.add(
@@ -255,6 +262,101 @@ class Engine:
                 prefill_share=self.share.last_share or 0.0,
             )
         )
+        return ended
+
+    # ---- overlapped rounds (lanes/inflight.py) ---------------------------------------------
+
+    def _overlappable(self, s: Step) -> bool:
+        """A step whose round can overlap the next: one greedy decode token, no drafts, no
+        top_logprobs (sampled on the device), single process."""
+        p = s.lane.params
+        return (
+            s.num_tokens == 1
+            and s.num_logits == 1
+            and not s.draft_ids
+            and not self._drafting(s.lane)  # a drafter reads the lane's newest token on the host
+            and p.is_greedy
+            and p.top_logprobs == 0
+            and self.comm is None
+        )
+
+    def _launch_deferred(self, group: tuple[Step, ...]) -> list[Completion]:
+        """Run the forward and sample it on the device; its tokens are taken next step."""
+        try:
+            logits = self.runner.execute(group)
+            self._inflight = launch_greedy(group, logits, self.ops.name == "triton")
+            return []
+        except Exception:
+            log.exception("a deferred decode forward failed; running it synchronously")
+            self._inflight = None
+            return self._isolated(self._run_forward, list(group))
+
+    def _step_on_top(self) -> list[Completion]:
+        """Launch round N+1 on round N's device tokens, then take round N's tokens (waiting for
+        N alone). When N+1 cannot be launched that way, take N and run a planned round."""
+        last, self._inflight = self._inflight, None
+        steps = self._steps_on_top(last)
+        if steps:
+            try:
+                logits = self.runner.execute(steps, previous_tokens=last.tokens)
+                self._inflight = launch_greedy(steps, logits, self.ops.name == "triton")
+            except Exception:  # the planned round reruns these lanes with its own boundaries
+                log.exception("launching a round on top of the previous one failed")
+        ended = self._take_inflight(last)
+        ended += self._apply_cancellations()
+        if self._inflight is None:
+            return ended + self.step()
+        seconds = self.clock() - self._last_round_end
+        self._last_round_end = self.clock()
+        self.share.record(0, len(steps), seconds)
+        self.metrics.add(
+            RoundRecord(
+                prefill_tokens=0,
+                decode_tokens=len(steps),
+                num_forwards=1,
+                seconds=seconds,
+                host_seconds=0.0,  # planning and taking ran while a forward did
+                prefill_share=0.0,
+                overlapped=True,
+            )
+        )
+        return ended
+
+    def _steps_on_top(self, last: InFlight) -> tuple[Step, ...]:
+        """Each live lane of `last` decodes its pending token next, if nothing else needs a
+        planned round: no lane waits to be admitted, every running lane is in `last`, and the
+        blocks fit. A lane that ends by length in `last` gets no step."""
+        live = [(i, s) for i, s in enumerate(last.steps) if not s.lane.is_finished]
+        if self.waiting or len(live) != len(self.running):
+            return ()
+        steps = [
+            Step(s.lane, s.end, s.end + 1, num_logits=1, pending_row=i)
+            for i, s in live
+            if s.lane.num_known + 1 < self._max_len(s.lane)
+        ]
+        need = [s.lane.block_table.blocks_needed(s.end) for s in steps]
+        if sum(need) > self.cache.num_available:
+            return ()
+        for s, n in zip(steps, need, strict=True):
+            s.lane.block_table.append(self.cache.allocate(n))
+        return tuple(steps)
+
+    def _take_inflight(self, last: InFlight) -> list[Completion]:
+        """Append the tokens of a launched round to its lanes (skipping lanes that ended since)."""
+        tokens, logprobs = last.results()
+        now = self.clock()
+        ended = []
+        for s, token, logprob in zip(last.steps, tokens, logprobs, strict=True):
+            if s.lane.is_finished:
+                continue
+            try:
+                done = self._take_tokens(s, [(token, logprob, None)], None, now)
+            except Exception as e:
+                ended.append(self._fail(s.lane, e))
+                continue
+            if done is not None:
+                ended.append(done)
+        self.on_progress()
         return ended
 
     # ---- error boundaries -----------------------------------------------------------------

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.attention import AttentionMeta, block_q_for
-from lanes.batch import ForwardBatch
+from lanes.batch import ForwardBatch, fill_pending
+from lanes.kernels.attention import AttentionMeta, block_q_for
 from lanes.models.decoder import Decoder
 from lanes.rounds import Step
 
@@ -116,13 +116,16 @@ class DecodeGraphs:
             for s in steps
         )
 
-    def run(self, steps: Sequence[Step]) -> torch.Tensor:
+    def run(
+        self, steps: Sequence[Step], previous_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         tokens = steps[0].num_tokens
         lanes = next(b for b in LANE_BUCKETS if b >= len(steps))
         g = self.graphs.get((lanes, tokens))
         if g is None:
             g = self.graphs[(lanes, tokens)] = self._capture(lanes, tokens)
         self._fill(g, steps)
+        fill_pending(g.input_ids, range(0, len(steps) * tokens, tokens), steps, previous_tokens)
         g.graph.replay()
         self.num_replays += 1
         self.last_hidden = g.hidden[: len(steps) * tokens]
@@ -165,10 +168,11 @@ class DecodeGraphs:
         g.first_pos.copy_(torch.tensor(first, dtype=torch.int32), non_blocking=True)
         g.ctx_len.copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
         if where:
-            index = torch.tensor(where, dtype=torch.int64, device=g.kv_slots.device)
-            g.kv_slots.index_copy_(
-                0, index, torch.tensor(what, dtype=torch.int64, device=index.device)
-            )
+            # built on the host, copied without waiting (a blocking copy would wait for the
+            # forward in flight when rounds overlap)
+            both = torch.tensor([where, what], dtype=torch.int64)
+            both = both.to(g.kv_slots.device, non_blocking=True)
+            g.kv_slots.index_copy_(0, both[0], both[1])
         if g.features is not None:  # padding rows keep whatever they held: their rows are dropped
             rows = len(steps) * t
             g.features[:rows].copy_(torch.cat([s.features for s in steps]), non_blocking=True)

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cache.block_table import BlockTable
+from lanes.cache.block_table import BlockTable
 
 if TYPE_CHECKING:
     from lanes.detokenize import IncrementalDetokenizer

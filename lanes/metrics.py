@@ -11,15 +11,17 @@ class RoundRecord:
     prefill_tokens: int
     decode_tokens: int
     num_forwards: int
-    seconds: float  # wall time of the round's forwards and sampling
-    host_seconds: float  # planning and bookkeeping outside the forwards
+    seconds: float  # wall time of the round's forwards and sampling (overlapped: since the last)
+    host_seconds: float  # planning and bookkeeping outside the forwards (overlapped: 0)
     prefill_share: float  # this round's share of wall time attributed to prompt work
+    overlapped: bool = False  # launched on the previous round's device tokens (lanes.inflight)
 
 
 @dataclass
 class EngineMetrics:
     recent: deque[RoundRecord] = field(default_factory=lambda: deque(maxlen=1024))
     num_rounds: int = 0
+    num_overlapped_rounds: int = 0  # rounds launched before the previous one was read back
     prefill_tokens: int = 0
     decode_tokens: int = 0
     busy_seconds: float = 0.0
@@ -49,6 +51,7 @@ class EngineMetrics:
     def add(self, record: RoundRecord) -> None:
         self.recent.append(record)
         self.num_rounds += 1
+        self.num_overlapped_rounds += record.overlapped
         self.prefill_tokens += record.prefill_tokens
         self.decode_tokens += record.decode_tokens
         self.busy_seconds += record.seconds

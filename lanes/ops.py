@@ -109,13 +109,3 @@ class FastOps(Ops):
 
     def attention(self, q, k_cache, v_cache, batch):
         return sdpa_attention(q, k_cache, v_cache, batch)
-
-
-def make_ops(exact: bool, device: str = "cpu", kernels: str = "auto") -> Ops:
-    """kernels: "auto" (Triton on CUDA in exact mode, torch otherwise), "triton" or "torch"."""
-    use_triton = kernels == "triton" or (kernels == "auto" and exact and device.startswith("cuda"))
-    if use_triton:
-        from lanes.triton_ops import TritonOps
-
-        return TritonOps()
-    return ExactOps() if exact else FastOps()

@@ -18,15 +18,12 @@ be the same on the rank that verifies them.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from lanes.batch import ForwardBatch, SeqSlice
+from lanes.batch import unpack_batch
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.weights import DecoderWeights, LayerWeights
 
@@ -104,29 +101,6 @@ def shard_weights(w: DecoderWeights, cfg: ModelConfig, rank: int, world: int) ->
     return DecoderWeights(embed=embed, layers=layers, norm=w.norm, lm_head=lm_head)
 
 
-def pack_batch(batch: ForwardBatch) -> dict:
-    """A ForwardBatch as plain CPU data for broadcast_object_list."""
-    return {
-        "input_ids": batch.input_ids.cpu(),
-        "positions": batch.positions.cpu(),
-        "slot_mapping": batch.slot_mapping.cpu(),
-        "seqs": [
-            (s.query_start, s.num_queries, s.context_len, s.kv_slots.cpu()) for s in batch.seqs
-        ],
-        "logits_indices": batch.logits_indices.cpu(),
-    }
-
-
-def unpack_batch(d: dict, device: str) -> ForwardBatch:
-    return ForwardBatch(
-        input_ids=d["input_ids"].to(device),
-        positions=d["positions"].to(device),
-        slot_mapping=d["slot_mapping"].to(device),
-        seqs=tuple(SeqSlice(qs, nq, cl, sl.to(device)) for qs, nq, cl, sl in d["seqs"]),
-        logits_indices=d["logits_indices"].to(device),
-    )
-
-
 def worker_loop(runner, comm: Comm, device: str) -> None:
     """Ranks > 0: run every forward rank 0 announces, until it says stop (None)."""
     while True:
@@ -134,56 +108,3 @@ def worker_loop(runner, comm: Comm, device: str) -> None:
         if packed is None:
             return
         runner.decoder.forward(unpack_batch(packed, device), runner.kv)
-
-
-def _rank_main(rank: int, world: int, init_file: str, model: str, config, job, results) -> None:
-    on_gpu = config.device.startswith("cuda")
-    if on_gpu:  # one GPU per rank
-        torch.cuda.set_device(rank)
-        config = dataclasses.replace(config, device=f"cuda:{rank}")
-    backend = "nccl" if on_gpu else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        from lanes.engine import Engine
-
-        engine = Engine(model, config, parallel=Comm(rank, world))
-        if rank == 0:
-            try:
-                results.put(("ok", job(engine)))
-            except Exception as e:  # report it to the parent, then release the workers
-                results.put(("error", f"{type(e).__name__}: {e}"))
-            engine.comm.broadcast(None)
-        else:
-            worker_loop(engine.runner, engine.comm, config.device)
-    except KeyboardInterrupt:  # the server was stopped: every rank leaves
-        pass
-    finally:
-        dist.destroy_process_group()
-
-
-def run_tensor_parallel(world: int, model: str, config, job: Callable) -> Any:
-    """Start `world` processes, serve `model` sharded over them, and return job(engine) from rank
-    0. `job` must be a module-level function (it is pickled into the new processes)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    fd, init_file = tempfile.mkstemp(prefix="lanes-tp-")
-    os.close(fd)
-    os.unlink(init_file)  # the file store creates it
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, world, init_file, model, config, job, results))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        status, value = results.get(timeout=600)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    if status != "ok":
-        raise RuntimeError(f"tensor-parallel job failed: {value}")
-    return value

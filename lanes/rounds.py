@@ -41,6 +41,9 @@ class Step:
     draft_logprobs: torch.Tensor | None = field(default=None, compare=False, repr=False)
     # [num_tokens, hidden]: target features the rows read (EAGLE-style drafter steps only)
     features: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # Overlap: the step's first token is row `pending_row` of the previous forward's samples,
+    # still on the device (the lane does not know it yet); the runner copies it device to device.
+    pending_row: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -51,9 +54,12 @@ class Step:
         return self.num_logits > 0
 
     def token_ids(self) -> list[int]:
+        """The step's input ids; a pending first token reads 0 here (the runner fills it in)."""
         ids = self.lane.token_ids(self.start, min(self.end, self.lane.num_known)) + list(
             self.draft_ids
         )
+        if self.pending_row is not None:
+            ids = [0, *ids]
         if len(ids) != self.num_tokens:
             raise ValueError(f"step [{self.start}, {self.end}) has {len(ids)} tokens")
         return ids

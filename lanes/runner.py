@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cache.kv_pool import KVPool
-from lanes.batch import ForwardBatch, SeqSlice
+from lanes.batch import ForwardBatch, SeqSlice, fill_pending
+from lanes.cache.kv_pool import KVPool
 from lanes.models.decoder import Decoder
 from lanes.rounds import Step
 
@@ -16,6 +16,7 @@ class ModelRunner:
     def __init__(self, decoder: Decoder, kv: KVPool, device: str, graphs=None) -> None:
         self.decoder = decoder
         self.kv = kv
+        self.num_blocks = kv.num_blocks - 1  # blocks the engine hands out (see build_runner)
         self.device = device
         self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
         self.comm = decoder.comm  # tensor parallel: rank 0 announces each forward to the others
@@ -23,9 +24,15 @@ class ModelRunner:
         # view the next forward overwrites: take copies of what must outlive it
         self.last_hidden: torch.Tensor | None = None
 
-    def build_batch(self, steps: Sequence[Step], all_logits: bool = False) -> ForwardBatch:
+    def build_batch(
+        self,
+        steps: Sequence[Step],
+        all_logits: bool = False,
+        previous_tokens: torch.Tensor | None = None,
+    ) -> ForwardBatch:
         """Every step's tokens, one after another; logits rows: each step's trailing
-        `num_logits` rows (or every row, with `all_logits`)."""
+        `num_logits` rows (or every row, with `all_logits`). A step with a `pending_row` takes
+        its first token from previous_tokens [rows of the previous forward], on the device."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -39,7 +46,7 @@ class ModelRunner:
                     query_start=len(ids),
                     num_queries=n,
                     context_len=step.end,
-                    kv_slots=torch.tensor(context_slots, dtype=torch.int64, device=self.device),
+                    kv_slots=_to_device(context_slots, self.device),
                 )
             )
             ids.extend(step.token_ids())
@@ -49,13 +56,15 @@ class ModelRunner:
             logits_rows.extend(range(len(ids) - wanted, len(ids)))
 
         def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
+            return _to_device(values, self.device)
 
+        input_ids = t(ids)
+        fill_pending(input_ids, [seq.query_start for seq in seqs], steps, previous_tokens)
         features = None
         if any(s.features is not None for s in steps):
             features = torch.cat([s.features for s in steps]).to(self.device)
         return ForwardBatch(
-            input_ids=t(ids),
+            input_ids=input_ids,
             positions=t(positions),
             slot_mapping=t(slots),
             seqs=tuple(seqs),
@@ -70,20 +79,35 @@ class ModelRunner:
         graphed = self.graphs is not None and num_tokens <= self.graphs.max_tokens_per_lane
         return num_tokens if graphed else 1
 
-    def execute(self, steps: Sequence[Step], all_logits: bool = False) -> torch.Tensor:
-        """One forward over the steps; returns logits [num_logits_rows, vocab] in step order."""
+    def execute(
+        self,
+        steps: Sequence[Step],
+        all_logits: bool = False,
+        previous_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One forward over the steps; returns logits [num_logits_rows, vocab] in step order.
+        previous_tokens: the previous forward's samples on the device, which steps with a
+        `pending_row` read their first token from (the overlap of rounds)."""
         if self.graphs is not None and not all_logits and self.graphs.supports(steps):
-            logits = self.graphs.run(steps)
+            logits = self.graphs.run(steps, previous_tokens)
             self.last_hidden = self.graphs.last_hidden
             return logits
-        batch = self.build_batch(steps, all_logits)
+        if self.comm is not None and previous_tokens is not None:
+            raise ValueError("tensor parallel ranks read input ids from the host: no pending rows")
+        batch = self.build_batch(steps, all_logits, previous_tokens)
         if self.comm is not None:
-            from lanes.parallel import pack_batch
+            from lanes.batch import pack_batch
 
             self.comm.broadcast(pack_batch(batch))
         logits = self.decoder.forward(batch, self.kv)
         self.last_hidden = self.decoder.last_hidden
         return logits
+
+
+def _to_device(values: list[int], device: str) -> torch.Tensor:
+    """An int64 tensor on the device, copied without waiting: a blocking copy would wait for
+    the forward still in flight (overlapped rounds)."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
 def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) -> ModelRunner:

@@ -90,7 +90,7 @@ def samples_on_device(params: SamplingParams) -> bool:
 def greedy_batch(logits: torch.Tensor) -> tuple[list[int], list[float]]:
     """Every row of logits [R, vocab] decoded greedily in one launch: tokens and their
     log-probabilities, read back in one copy."""
-    from kernels.sampling import greedy_tokens
+    from lanes.kernels.sampling import greedy_tokens
 
     tokens, logprobs = greedy_tokens(logits.contiguous())
     both = torch.stack([tokens.double(), logprobs.double()]).tolist()  # token ids < 2**53

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels.attention import make_meta, paged_attention
-from kernels.kv_write import kv_write
-from kernels.matmul import matmul
-from kernels.rmsnorm import add_rms_norm
-from kernels.rope import rope
 from lanes.batch import ForwardBatch
+from lanes.kernels.attention import make_meta, paged_attention
+from lanes.kernels.kv_write import kv_write
+from lanes.kernels.matmul import matmul
+from lanes.kernels.rmsnorm import add_rms_norm
+from lanes.kernels.rope import rope
 from lanes.ops import Ops
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lanes import Engine, RequestError, SamplingParams
+from lanes import RequestError, SamplingParams, build_engine
 from lanes.config import SUPPORTED_ARCHITECTURES, ConfigError
 from lanes.models import WeightError, open_checkpoint
 
@@ -41,7 +41,7 @@ def test_misshaped_tensor_is_named(model_copy):
     name = "model.layers.1.mlp.down_proj.weight"
     _rewrite(model_copy, lambda t: t.__setitem__(name, t[name][:, :100].contiguous()))
     with pytest.raises(WeightError, match=name.replace(".", r"\.") + r" has shape \[64, 100\]"):
-        Engine(str(model_copy))
+        build_engine(str(model_copy))
 
 
 def test_missing_and_unexpected_tensors_are_named(model_copy):
@@ -51,7 +51,7 @@ def test_missing_and_unexpected_tensors_are_named(model_copy):
 
     _rewrite(model_copy, change)
     with pytest.raises(WeightError) as e:
-        Engine(str(model_copy))
+        build_engine(str(model_copy))
     assert "missing: model.layers.0.self_attn.k_proj.weight" in str(e.value)
     assert "unexpected: model.layers.0.extra.weight" in str(e.value)
 
@@ -64,14 +64,14 @@ def test_corrupt_values_are_named(model_copy):
 
     _rewrite(model_copy, change)
     with pytest.raises(WeightError, match=name.replace(".", r"\.") + ".*NaN"):
-        Engine(str(model_copy))
+        build_engine(str(model_copy))
 
 
 def test_truncated_file_is_named(model_copy):
     f = model_copy / "model.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     with pytest.raises(WeightError, match="model.safetensors"):
-        Engine(str(model_copy))
+        build_engine(str(model_copy))
 
 
 def test_pickle_only_checkpoint_is_refused(model_copy):
@@ -92,7 +92,7 @@ def test_uncached_repo_id_offline_says_so():
 
 @pytest.fixture(scope="module")
 def engine(llama_dir):
-    return Engine(str(llama_dir))
+    return build_engine(str(llama_dir))
 
 
 def test_prompt_longer_than_context(engine):

@@ -8,12 +8,12 @@ import asyncio
 import json
 
 from bench import bench_openai
-from lanes import Engine, EngineConfig
+from lanes import EngineConfig, build_engine
 from tests.live_server import MODEL, LiveServer
 
 
 def test_bench_openai_tiny(long_model_dir, tmp_path):
-    engine = Engine(str(long_model_dir), EngineConfig(drafter="ngram", prefill_chunk=16))
+    engine = build_engine(str(long_model_dir), EngineConfig(drafter="ngram", prefill_chunk=16))
     with LiveServer(engine) as live:
         args = argparse.Namespace(
             base_url=live.url + "/v1",

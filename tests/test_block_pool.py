@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from cache import BlockPool, BlockTable, IntegrityError
+from lanes.cache import BlockPool, BlockTable, IntegrityError
 
 
 def test_allocation_order_and_refcounts():

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 from lanes.lane import Lane
 
 BS = 16
@@ -19,7 +19,7 @@ SEEDED = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.7, top_p=0
 @pytest.fixture()
 def engine(llama_dir):
     # One block per prefill forward, so a cancellation can land after any block.
-    return Engine(str(llama_dir), EngineConfig(block_size=BS, prefill_chunk=BS))
+    return build_engine(str(llama_dir), EngineConfig(block_size=BS, prefill_chunk=BS))
 
 
 def run(engine: Engine, params, salt="", cancel_when=None):
@@ -128,7 +128,11 @@ class EarlyPublishingEngine(Engine):
 
 def test_negative_control_publishing_before_the_forward_is_caught(llama_dir):
     """The resumed == fresh check above detects blocks published before their KV exists."""
-    engine = EarlyPublishingEngine(str(llama_dir), EngineConfig(block_size=BS, prefill_chunk=BS))
+    engine = build_engine(
+        str(llama_dir),
+        EngineConfig(block_size=BS, prefill_chunk=BS),
+        engine_type=EarlyPublishingEngine,
+    )
     run(engine, GREEDY, cancel_when=computed(BS))  # the round's later forwards never run
     retry = run(engine, GREEDY)
     assert retry.cached_tokens == 6 * BS  # the bogus blocks were found ...

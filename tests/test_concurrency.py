@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 RNG = random.Random(3)
 PROMPTS = [[RNG.randrange(3, 380) for _ in range(n)] for n in (5, 17, 40, 64, 90, 33, 150, 8)]
@@ -19,7 +19,7 @@ PARAMS = [
 
 @pytest.fixture(scope="module")
 def solo(llama_dir):
-    engine = Engine(str(llama_dir))
+    engine = build_engine(str(llama_dir))
     return [
         engine.generate([p], sp, cache_salt=f"solo{i}")[0]
         for i, (p, sp) in enumerate(zip(PROMPTS, PARAMS, strict=True))
@@ -42,7 +42,7 @@ def _run_staggered(engine: Engine, stagger: int):
 @pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("stagger", [0, 2])
 def test_concurrent_equals_solo(llama_dir, solo, share, stagger):
-    engine = Engine(str(llama_dir), EngineConfig(prefill_share=share, prefill_chunk=32))
+    engine = build_engine(str(llama_dir), EngineConfig(prefill_share=share, prefill_chunk=32))
     for got, want in zip(_run_staggered(engine, stagger), solo, strict=True):
         assert got.token_ids == want.token_ids
         assert got.logprobs == want.logprobs
@@ -52,7 +52,7 @@ def test_concurrent_equals_solo(llama_dir, solo, share, stagger):
 def test_preemption_loses_nothing(llama_dir, solo):
     """A KV pool too small for all lanes at once: lanes are preempted and recomputed."""
     mc_bytes = 2 * 2 * 2 * 16 * 16 * 4  # one block: 2 layers, K and V, 2 heads, 16 dims, fp32
-    engine = Engine(
+    engine = build_engine(
         str(llama_dir),
         EngineConfig(
             kv_cache_bytes=24 * mc_bytes, prefill_chunk=32, prompt_cache_bytes=4 * mc_bytes
@@ -69,7 +69,7 @@ def test_preemption_loses_nothing(llama_dir, solo):
 
 def test_random_admit_cancel_finish_keeps_integrity(llama_dir):
     rng = random.Random(5)
-    engine = Engine(
+    engine = build_engine(
         str(llama_dir), EngineConfig(kv_cache_bytes=2**16, prefill_chunk=16, max_lanes=4)
     )
     live: list[int] = []

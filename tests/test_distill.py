@@ -15,11 +15,11 @@ import json
 import pytest
 import torch
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 
 
 def test_distill_toy(tiny_models, tmp_path):
-    from drafter.distill import distill
+    from lanes.drafter.distill import distill
 
     target, _ = tiny_models["smollm2"]  # tied embeddings, 2 layers
     out = tmp_path / "drafter"
@@ -54,8 +54,8 @@ def test_distill_toy(tiny_models, tmp_path):
         SamplingParams(max_tokens=16, ignore_eos=True),
         SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.7, seed=2),
     ):
-        plain = Engine(str(target)).generate(["The quick brown fox"], params)[0]
-        drafted = Engine(str(target), EngineConfig(drafter=str(out))).generate(
+        plain = build_engine(str(target)).generate(["The quick brown fox"], params)[0]
+        drafted = build_engine(str(target), EngineConfig(drafter=str(out))).generate(
             ["The quick brown fox"], params
         )[0]
         assert drafted.token_ids == plain.token_ids and drafted.num_drafted > 0
@@ -64,7 +64,8 @@ def test_distill_toy(tiny_models, tmp_path):
 def _random_head(target_dir, out, vocab_size, layers=None):
     """An untrained drafter (random layer) saved like `lanes distill` saves one; the head
     keeps the bf16-rounded weights the engine will load."""
-    from drafter.distill import EagleHead, hf_config, save
+    from lanes.drafter.distill import EagleHead, hf_config, save
+
     from lanes.config import ModelConfig
     from lanes.models import open_checkpoint
 
@@ -88,7 +89,7 @@ def test_eagle_drafts_match_training_passes(tiny_models, tmp_path, layers):
     out = tmp_path / "eagle"
     head = _random_head(target_dir, out, 256, layers)
     k = 3
-    engine = Engine(
+    engine = build_engine(
         str(target_dir),
         EngineConfig(drafter=str(out), num_draft_tokens=k, adaptive_drafts=False),
     )
@@ -104,7 +105,7 @@ def test_eagle_drafts_match_training_passes(tiny_models, tmp_path, layers):
     engine.proposer.propose = recording
     engine.generate(["one two three four"], SamplingParams(max_tokens=12, ignore_eos=True))
     assert len(seen) >= 3
-    scorer = Engine(str(target_dir))
+    scorer = build_engine(str(target_dir))
     scorer.runner.decoder.feature_layers = layers  # what the drafter's engine keeps
     assert max(len(d) for _, d in seen) == k
     for known, drafts in seen:
@@ -138,14 +139,14 @@ def test_hybrid_head_catches_up_after_lookup_rounds(tiny_models, tmp_path):
     target_dir, _ = tiny_models["smollm2"]
     out = tmp_path / "eagle"
     head = _random_head(target_dir, out, 256)
-    scorer = Engine(str(target_dir))
+    scorer = build_engine(str(target_dir))
     prompt = "a b c d e a b c d e a b c d e one two"
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     plain = scorer.generate([prompt], dataclasses.replace(params, draft=False))[0]
 
     def run(observe: bool):
         cfg = EngineConfig(drafter=f"{out}+ngram", num_draft_tokens=3, adaptive_drafts=False)
-        engine = Engine(str(target_dir), cfg)
+        engine = build_engine(str(target_dir), cfg)
         hybrid, rounds = engine.proposer, []
         if not observe:
             hybrid.observe = lambda *a: None
@@ -183,10 +184,10 @@ def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_pa
         SamplingParams(max_tokens=20, ignore_eos=True),
         SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, seed=5),
     ]
-    plain = Engine(str(target_dir)).generate(
+    plain = build_engine(str(target_dir)).generate(
         prompts, [dataclasses.replace(p, draft=False) for p in params]
     )
-    engine = Engine(str(target_dir), EngineConfig(drafter=str(out)))
+    engine = build_engine(str(target_dir), EngineConfig(drafter=str(out)))
     for _ in range(2):  # the second pass hits the prompt cache
         drafted = engine.generate(prompts, params)
         assert [c.token_ids for c in drafted] == [c.token_ids for c in plain]
@@ -199,7 +200,7 @@ def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_pa
 
 
 def _drafts_of_two_runs(target_dir, out, drafter_cache: bool, prompt_len: int = 50):
-    engine = Engine(
+    engine = build_engine(
         str(target_dir), EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False)
     )
     if not drafter_cache:
@@ -252,7 +253,7 @@ def test_eagle_dir_for_another_target_is_refused(tiny_models, tmp_path):
     cfg["hidden_size"] *= 2
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="hidden size"):
-        Engine(str(target_dir), EngineConfig(drafter=str(out)))
+        build_engine(str(target_dir), EngineConfig(drafter=str(out)))
 
 
 def test_eagle_drafter_survives_preemption_cancellation_and_a_full_pool(tiny_models, tmp_path):
@@ -266,13 +267,13 @@ def test_eagle_drafter_survives_preemption_cancellation_and_a_full_pool(tiny_mod
     _random_head(target_dir, out, 384)
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 380) for _ in range(rng.randint(3, 40))] for _ in range(10)]
-    engine = Engine(
+    engine = build_engine(
         str(target_dir),
         EngineConfig(
             drafter=str(out), kv_cache_bytes=2**16, max_lanes=6, draft_kv_cache_bytes=2**15
         ),
     )
-    base = Engine(str(target_dir))
+    base = build_engine(str(target_dir))
     asked, finished, live = {}, {}, []
     for _ in range(400):
         if rng.random() < 0.25:
@@ -316,9 +317,10 @@ def test_answers_file_is_written_then_read_back(tiny_models, tmp_path):
     """Answers made once (say on a CPU box) are reused by a later run instead of regenerated,
     and they are the target's own answers: each greedy answer token is the argmax of the
     serving engine's logits over the same prefix (the teacher is a separate implementation)."""
-    from drafter.corpus import chat_examples, pydoc_texts
-    from drafter.distill import read_answers, teacher_answers
-    from drafter.teacher import DenseTarget
+    from lanes.drafter.corpus import chat_examples, pydoc_texts
+    from lanes.drafter.distill import read_answers, teacher_answers
+    from lanes.drafter.teacher import DenseTarget
+
     from lanes.models import open_checkpoint
 
     target_dir, _ = tiny_models["smollm2"]
@@ -332,7 +334,7 @@ def test_answers_file_is_written_then_read_back(tiny_models, tmp_path):
     logs = []
     again = teacher_answers(teacher, prompts, 6, 0, logs.append, answers_file=path)
     assert again == made and "(5 read back)" in logs[0] and "0 new tokens" in logs[0]
-    scorer = Engine(checkpoint=target)
+    scorer = build_engine(checkpoint=target)
     for i in (0, 2, 4):  # the greedy ones (every second answer is sampled)
         n = len(prompts[i])
         assert made[i][:n] == prompts[i] and len(made[i]) > n
@@ -347,7 +349,8 @@ def test_shipped_drafter_for_the_default_model():
     prompt lookup the drafted text equals the undrafted text, greedy and seeded."""
     from pathlib import Path
 
-    from drafter.corpus import chat_prompts, pydoc_texts
+    from lanes.drafter.corpus import chat_prompts, pydoc_texts
+
     from lanes.models.resolve import default_gguf
 
     shipped = Path(__file__).resolve().parent.parent / "drafter/weights/smollm2-135m-instruct"
@@ -356,7 +359,7 @@ def test_shipped_drafter_for_the_default_model():
     cfg = EngineConfig(num_draft_tokens=4, adaptive_drafts=False)
 
     def tokens_per_verify(spec, params, blind=False):
-        engine = Engine(path, dataclasses.replace(cfg, drafter=spec))
+        engine = build_engine(path, dataclasses.replace(cfg, drafter=spec))
         if blind:
             engine.proposer.observe = lambda *a: None
         got = engine.generate(chats, params)

@@ -7,12 +7,12 @@ import random
 
 import pytest
 import torch
+from lanes.drafter.model import ModelDrafter
+from lanes.drafter.ngram import NgramProposer, ngram_continuation
+from lanes.drafter.replay import ReplayProposer
 
 import lanes.speculation
-from drafter.model import ModelDrafter
-from drafter.ngram import NgramProposer, ngram_continuation
-from drafter.replay import ReplayProposer
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import open_checkpoint
 from tests.conftest import write_tiny_model
 
@@ -33,7 +33,7 @@ def target_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def undrafted(target_dir):
-    engine = Engine(str(target_dir))
+    engine = build_engine(str(target_dir))
     prompts = PROMPTS + [REPETITIVE]
     return {
         mode: {tuple(p): engine.generate([p], params, cache_salt="ref")[0] for p in prompts}
@@ -62,7 +62,7 @@ def _drafters(target_dir, undrafted, mode):
 )
 def test_drafted_equals_undrafted(target_dir, undrafted, mode, name):
     proposer = _drafters(target_dir, undrafted, mode)[name]()
-    engine = Engine(str(target_dir), EngineConfig(num_draft_tokens=4), proposer=proposer)
+    engine = build_engine(str(target_dir), EngineConfig(num_draft_tokens=4), proposer=proposer)
     prompts = [REPETITIVE] if name == "ngram" else PROMPTS
     outs = engine.generate(prompts, MODES[mode])
     for p, out in zip(prompts, outs, strict=True):
@@ -88,7 +88,7 @@ def test_drafted_equals_undrafted(target_dir, undrafted, mode, name):
 
 def test_mixed_rounds_each_equal_solo(target_dir, undrafted):
     ckpt = open_checkpoint(str(target_dir))
-    engine = Engine(
+    engine = build_engine(
         str(target_dir), proposer=ModelDrafter(ckpt.first_layers(2), ckpt.tokenizer, EngineConfig())
     )
     jobs = [
@@ -121,8 +121,10 @@ def test_negative_control_fresh_randomness_breaks_equality(target_dir, monkeypat
 
     monkeypatch.setattr(lanes.speculation, "sample_row", fresh_sample)
     ckpt = open_checkpoint(str(target_dir))
-    plain = Engine(str(target_dir))
-    drafted = Engine(str(target_dir), proposer=ModelDrafter(ckpt, ckpt.tokenizer, EngineConfig()))
+    plain = build_engine(str(target_dir))
+    drafted = build_engine(
+        str(target_dir), proposer=ModelDrafter(ckpt, ckpt.tokenizer, EngineConfig())
+    )
     torch.manual_seed(0)
     a = plain.generate(PROMPTS, SEEDED)
     torch.manual_seed(0)
@@ -153,4 +155,4 @@ def test_drafter_with_other_tokenizer_is_refused(target_dir, tmp_path):
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ConfigError, match="different ids"):
-        Engine(str(target_dir), EngineConfig(drafter=str(other)))
+        build_engine(str(target_dir), EngineConfig(drafter=str(other)))

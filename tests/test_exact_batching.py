@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 
 PROMPTS = [
     "The quick brown fox",
@@ -17,12 +17,12 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def exact(llama_dir):
-    return Engine(str(llama_dir), EngineConfig(max_tokens_per_round=40))
+    return build_engine(str(llama_dir), EngineConfig(max_tokens_per_round=40))
 
 
 @pytest.fixture(scope="module")
 def fast(llama_dir):
-    return Engine(str(llama_dir), EngineConfig(max_tokens_per_round=40, exact=False))
+    return build_engine(str(llama_dir), EngineConfig(max_tokens_per_round=40, exact=False))
 
 
 def _solo_and_batched(engine, params):

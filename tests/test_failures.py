@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import lanes.engine
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
 from tests.live_server import MODEL, LiveServer
 
 POISON_SEED = 666
@@ -84,7 +84,7 @@ class Injector:
 @pytest.fixture(scope="module")
 def solo(long_model_dir) -> list[str]:
     """Each normal request's text, run alone on a clean engine."""
-    engine = Engine(str(long_model_dir), CONFIG)
+    engine = build_engine(str(long_model_dir), CONFIG)
     return [engine.generate([p], _params(i))[0].text for i, p in enumerate(PROMPTS)]
 
 
@@ -105,7 +105,7 @@ def _body(prompt, seed: int) -> dict:
 
 @pytest.mark.parametrize("stage", ["submit", "plan", "draft", "forward", "sample", "output"])
 def test_failure_fails_only_its_request(stage, long_model_dir, solo, monkeypatch):
-    engine = Engine(str(long_model_dir), CONFIG)
+    engine = build_engine(str(long_model_dir), CONFIG)
     injector = Injector()
     injector.install(stage, engine, monkeypatch)
     poison = [
@@ -143,7 +143,7 @@ def test_forward_failure_retries_lanes_alone(long_model_dir, solo, monkeypatch):
     """Engine level: a forward that raises for a batch is rerun one lane at a time; the healthy
     lanes' tokens equal their solo tokens (batch invariance), the poisoned lane ends "error"."""
     # one 256-token chunk holds all four prompts: the poisoned lane shares its forward
-    engine = Engine(str(long_model_dir), CONFIG.replace(prefill_chunk=256))
+    engine = build_engine(str(long_model_dir), CONFIG.replace(prefill_chunk=256))
     injector = Injector()
     injector.install("forward", engine, monkeypatch)
     params = [_params(i) for i in range(3)] + [_params(POISON_SEED)]

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lanes import Engine, EngineConfig
+from lanes import EngineConfig, build_engine
 from tests.live_server import MODEL, LiveServer
 
 SEED = 14
@@ -254,7 +254,7 @@ def _text(path: str, body: dict, raw: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def live(long_model_dir):
-    engine = Engine(
+    engine = build_engine(
         str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=32, drafter="ngram")
     )
     with LiveServer(engine) as server:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lanes import Engine, SamplingParams
+from lanes import SamplingParams, build_engine
 from lanes.models import gguf_file
 from lanes.models.resolve import default_gguf
 
@@ -73,7 +73,7 @@ def test_tiny_gguf_matches_transformers(tiny_models, tmp_path):
     hf_dir, hf = tiny_models["llama"]
     path = tmp_path / "tiny.gguf"
     write_gguf(path, hf_dir, hf)
-    from_gguf, from_dir = Engine(str(path)), Engine(str(hf_dir))
+    from_gguf, from_dir = build_engine(str(path)), build_engine(str(hf_dir))
     text = "The quick brown fox jumps over the lazy dog. 0123 Paris!"
     ids = from_dir.tokenizer.encode(text)
     assert from_gguf.tokenizer.encode(text) == ids
@@ -92,7 +92,7 @@ def test_unpermute_is_the_inverse():
 
 @pytest.fixture(scope="module")
 def default_engine():
-    return Engine(str(default_gguf()))
+    return build_engine(str(default_gguf()))
 
 
 @pytest.mark.slow

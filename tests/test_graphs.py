@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 import torch
+from lanes.drafter.replay import ReplayProposer
 
 from bench.shapes import TINY, random_checkpoint
-from drafter.replay import ReplayProposer
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -26,8 +26,8 @@ def test_graphed_equals_eager(params):
     prompts = [
         [(7 * i + j) % TINY.vocab_size for j in range(n)] for i, n in enumerate((5, 40, 130))
     ]
-    eager = Engine(checkpoint=ckpt, config=EngineConfig(device="cuda", cuda_graphs=False))
-    graphed = Engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
+    eager = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda", cuda_graphs=False))
+    graphed = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
     want = eager.generate(prompts, params)
     got = graphed.generate(prompts, params)
     assert graphed.runner.graphs.num_replays > 0
@@ -57,7 +57,7 @@ def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
     seen = {}
     for graphs in (False, True):
         cfg = EngineConfig(device="cuda", drafter=str(out), cuda_graphs=graphs)
-        engine = Engine(str(target_dir), cfg)
+        engine = build_engine(str(target_dir), cfg)
         propose, drafts = engine.proposer.propose, []
 
         def recording(lanes, num_drafts, propose=propose, drafts=drafts):
@@ -82,9 +82,9 @@ def test_graphs_keep_up_as_lanes_come_and_go():
     ckpt = random_checkpoint(TINY, "cuda")
     prompts = [[(5 * i + j) % TINY.vocab_size for j in range(20 + 37 * i)] for i in range(6)]
     params = [SamplingParams(max_tokens=6 + 7 * i, ignore_eos=True) for i in range(6)]
-    eager = Engine(checkpoint=ckpt, config=EngineConfig(device="cuda", cuda_graphs=False))
+    eager = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda", cuda_graphs=False))
     want = eager.generate(prompts, params)
-    graphed = Engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
+    graphed = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
     assert [g.token_ids for g in graphed.generate(prompts, params)] == [w.token_ids for w in want]
     records = {tuple(p): w.token_ids for p, w in zip(prompts, want, strict=True)}
     graphed.proposer = ReplayProposer(records, 0.5, TINY.vocab_size)

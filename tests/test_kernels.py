@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from kernels import attention, matmul
-from kernels.registry import REGISTRY, attention_case
+from lanes.kernels import attention, matmul
+from lanes.kernels.registry import REGISTRY, attention_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -33,7 +32,7 @@ def test_kernel_matches_reference(spec):
 
 
 def test_registry_is_complete():
-    import kernels
+    import lanes.kernels
 
     names = {s.name for s in REGISTRY}
     assert names == {
@@ -48,7 +47,7 @@ def test_registry_is_complete():
     assert all(
         s.batch_invariant and s.ref.__name__.startswith(("ref_", "_kv_ref")) for s in REGISTRY
     )
-    assert kernels.__doc__
+    assert lanes.kernels.__doc__
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -102,10 +101,10 @@ def test_attention_query_split_between_cache_and_chunk():
 def test_engine_on_triton_kernels_matches_transformers(tiny_models):
     """The whole decoder on the Triton ops (interpreted on the CPU): greedy tokens equal
     transformers', and a lane's output is the same alone and batched."""
-    from lanes import Engine, EngineConfig, SamplingParams
+    from lanes import EngineConfig, SamplingParams, build_engine
 
     path, hf = tiny_models["qwen2"]
-    engine = Engine(str(path), EngineConfig(kernels="triton", device=DEVICE))
+    engine = build_engine(str(path), EngineConfig(kernels="triton", device=DEVICE))
     assert engine.ops.name == "triton"
     ids = engine.tokenizer.encode("The quick brown fox jumps over")
     params = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -126,9 +125,10 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     log-softmax of the same logits, and seeded rows (host path) still reproduce."""
     import dataclasses
 
+    from lanes.drafter.replay import ReplayProposer
+
     import lanes.speculation
-    from drafter.replay import ReplayProposer
-    from lanes import Engine, EngineConfig, SamplingParams
+    from lanes import EngineConfig, SamplingParams, build_engine
     from lanes.sampling import sampling_logprobs
 
     launches = []
@@ -137,7 +137,9 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
         "lanes.engine.greedy_batch", lambda *a: launches.append(1) or greedy_batch(*a)
     )
     path, _ = tiny_models["llama"]
-    engine = Engine(str(path), EngineConfig(kernels="triton", device=DEVICE, prefill_chunk=32))
+    engine = build_engine(
+        str(path), EngineConfig(kernels="triton", device=DEVICE, prefill_chunk=32)
+    )
     assert engine.ops.name == "triton"
     prompts = [[11, 12, 13, 14] * 4, [20 + i % 7 for i in range(24)]]
     params = SamplingParams(max_tokens=8, ignore_eos=True)

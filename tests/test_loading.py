@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lanes import Engine
+from lanes import build_engine
 from lanes.models import open_checkpoint
 
 
@@ -17,14 +17,14 @@ def test_sharded_checkpoint_equals_single_file(tiny_models, tmp_path):
     assert (sharded / "model.safetensors.index.json").is_file()
     assert len(list(sharded.glob("*.safetensors"))) > 1
     ids = list(range(3, 40))
-    (single,) = Engine(str(path)).prompt_logits([ids])
-    (split,) = Engine(str(sharded)).prompt_logits([ids])
+    (single,) = build_engine(str(path)).prompt_logits([ids])
+    (split,) = build_engine(str(sharded)).prompt_logits([ids])
     assert torch.equal(single, split)
 
 
 def test_tied_embeddings_share_the_table(tiny_models):
-    tied = Engine(str(tiny_models["smollm2"][0]))
-    untied = Engine(str(tiny_models["llama"][0]))
+    tied = build_engine(str(tiny_models["smollm2"][0]))
+    untied = build_engine(str(tiny_models["llama"][0]))
     assert open_checkpoint(str(tiny_models["smollm2"][0])).config.tie_word_embeddings
     w = tied.runner.decoder.weights
     assert w.lm_head.data_ptr() == w.embed.data_ptr()

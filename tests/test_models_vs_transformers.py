@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lanes import Engine, SamplingParams
+from lanes import SamplingParams, build_engine
 from tests.conftest import ARCHS
 
 PROMPT = "The quick brown fox jumps over"
@@ -13,7 +13,7 @@ PROMPT = "The quick brown fox jumps over"
 
 @pytest.fixture(scope="module")
 def engines(tiny_models):
-    return {arch: Engine(str(path)) for arch, (path, _) in tiny_models.items()}
+    return {arch: build_engine(str(path)) for arch, (path, _) in tiny_models.items()}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -55,8 +55,8 @@ def test_llama3_rope_scaling_is_applied(tiny_models):
     assert ckpt.config.rope_scaling is not None
     plain = dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, rope_scaling=None))
     ids = list(range(3, 100))
-    (scaled_logits,) = Engine(checkpoint=ckpt).prompt_logits([ids])
-    (plain_logits,) = Engine(checkpoint=plain).prompt_logits([ids])
+    (scaled_logits,) = build_engine(checkpoint=ckpt).prompt_logits([ids])
+    (plain_logits,) = build_engine(checkpoint=plain).prompt_logits([ids])
     with torch.no_grad():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(scaled_logits, theirs, rtol=1e-4, atol=1e-4)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from cache import BlockPool, IntegrityError, PromptCache
+from lanes.cache import BlockPool, IntegrityError, PromptCache
 
 
 def _cache(num_blocks=8, max_blocks=4):
@@ -107,9 +106,9 @@ def test_random_sequences_keep_integrity():
 def test_a_request_ending_in_its_last_prompt_chunk_publishes_it(llama_dir, chunk):
     """max_tokens=1 ends the request in the forward of its last prompt chunk; that chunk's whole
     blocks still reach the prompt cache (before, 128 and 0 of these 192 tokens were found)."""
-    from lanes import Engine, EngineConfig, SamplingParams
+    from lanes import EngineConfig, SamplingParams, build_engine
 
-    engine = Engine(str(llama_dir), EngineConfig(prefill_chunk=chunk))
+    engine = build_engine(str(llama_dir), EngineConfig(prefill_chunk=chunk))
     prompt = [(7 * i) % 300 + 3 for i in range(200)]
     longer = prompt + [5, 6, 7] * 10
     (out,) = engine.generate([prompt], SamplingParams(max_tokens=1))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cache import BlockTable
+from lanes.cache import BlockTable
+
 from lanes.lane import Lane, LaneState
 from lanes.rounds import plan_round
 from lanes.sampling import SamplingParams

@@ -13,13 +13,13 @@ import urllib.request
 import openai
 import pytest
 
-from lanes import Engine, EngineConfig
+from lanes import EngineConfig, build_engine
 from tests.live_server import MODEL, LiveServer
 
 
 @pytest.fixture(scope="module")
 def server(long_model_dir):
-    engine = Engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=32))
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=32))
     with LiveServer(engine) as live:
         yield live
 
@@ -128,7 +128,7 @@ def test_seeds_n_stop_and_logprobs(server):
 
 
 def test_draft_true_equals_draft_false_over_http(long_model_dir):
-    engine = Engine(str(long_model_dir), EngineConfig(drafter="ngram"))
+    engine = build_engine(str(long_model_dir), EngineConfig(drafter="ngram"))
     with LiveServer(engine) as live:
         client = live.client()
         for extra in ({}, {"seed": 3, "temperature": 0.8, "top_p": 0.9}):
@@ -250,7 +250,7 @@ def test_twenty_clients_with_random_disconnects(server):
 
 
 def test_api_key(long_model_dir):
-    engine = Engine(str(long_model_dir))
+    engine = build_engine(str(long_model_dir))
     with LiveServer(engine, api_key="sesame") as live:
         with pytest.raises(openai.AuthenticationError):
             live.client(api_key="wrong").models.list()

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.share import ShareAllocator
 
 # (overhead, per prefill token, per decode token) in seconds; every target reachable with the
@@ -57,7 +57,7 @@ class FakeClock:
 
 def _engine_with_fake_time(llama_dir, share):
     clock = FakeClock()
-    engine = Engine(
+    engine = build_engine(
         str(llama_dir),
         EngineConfig(prefill_share=share, prefill_chunk=32, max_tokens_per_round=512),
         clock=clock,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from lanes import Engine, EngineConfig, SamplingParams
-from lanes.parallel import run_tensor_parallel
+from lanes import Engine, EngineConfig, SamplingParams, build_engine
+from lanes.build import run_tensor_parallel
 
 PROMPTS = [[5 + i for i in range(n)] for n in (7, 40, 90)]
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -23,7 +23,7 @@ def _solo(engine, params, salt):
 
 
 def job_equalities(engine: Engine):
-    from drafter.replay import ReplayProposer
+    from lanes.drafter.replay import ReplayProposer
 
     out = {}
     for name, params in (("greedy", GREEDY), ("seeded", SEEDED)):
@@ -63,7 +63,7 @@ def job_equalities(engine: Engine):
 def test_tp2_matches_tp1(llama_dir):
     config = EngineConfig(prefill_chunk=16)
     logits2, greedy2 = run_tensor_parallel(2, str(llama_dir), config, job_logits_and_greedy)
-    tp1 = Engine(str(llama_dir), config)
+    tp1 = build_engine(str(llama_dir), config)
     (logits1,) = tp1.prompt_logits([PROMPTS[1]])
     torch.testing.assert_close(logits2, logits1, rtol=1e-4, atol=1e-4)
     assert greedy2 == [c.token_ids for c in tp1.generate(PROMPTS, GREEDY)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanes import Engine, SamplingParams
+from lanes import SamplingParams, build_engine
 from lanes.chat import ChatTemplateError, render_chat
 from lanes.detokenize import IncrementalDetokenizer
 from tests.conftest import CHATML
@@ -12,7 +12,7 @@ from tests.conftest import CHATML
 
 @pytest.fixture(scope="module")
 def engine(llama_dir):
-    return Engine(str(llama_dir))
+    return build_engine(str(llama_dir))
 
 
 def test_streaming_multibyte_characters(engine):
@@ -51,7 +51,7 @@ def test_stop_string_cuts_text(engine):
 
 
 def test_eos_and_stop_token_ids_stop_generation(llama_dir):
-    engine = Engine(str(llama_dir))
+    engine = build_engine(str(llama_dir))
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     (free,) = engine.generate(["The quick"], params)
     first = free.token_ids[0]

@@ -7,11 +7,11 @@ import random
 
 import pytest
 import torch
+from lanes.drafter.model import ModelDrafter
+from lanes.drafter.ngram import NgramProposer
+from lanes.drafter.replay import ReplayProposer
 
-from drafter.model import ModelDrafter
-from drafter.ngram import NgramProposer
-from drafter.replay import ReplayProposer
-from lanes import Engine, EngineConfig, SamplingParams
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import open_checkpoint
 from lanes.sampling import gumbel_noise
 from lanes.speculation import verify
@@ -52,13 +52,13 @@ def test_negative_control_keeping_every_draft_follows_the_drafter():
 
 def test_rejection_mode_runs_in_the_engine(llama_dir):
     ckpt = open_checkpoint(str(llama_dir))
-    engine = Engine(
+    engine = build_engine(
         str(llama_dir),
         EngineConfig(verify_mode="rejection"),
         proposer=ModelDrafter(ckpt, ckpt.tokenizer, EngineConfig()),
     )
     greedy = SamplingParams(max_tokens=20, ignore_eos=True)
-    plain = Engine(str(llama_dir)).generate([[5, 6, 7]], greedy)[0]
+    plain = build_engine(str(llama_dir)).generate([[5, 6, 7]], greedy)[0]
     # greedy rejection verification is exact too; sampled keeps the right length and accepts all
     assert engine.generate([[5, 6, 7]], greedy)[0].token_ids == plain.token_ids
     out = engine.generate(
@@ -70,7 +70,7 @@ def test_rejection_mode_runs_in_the_engine(llama_dir):
 def test_no_kv_leak_through_accept_reject_cycles_and_cancellations(llama_dir):
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 380) for _ in range(rng.randint(3, 40))] for _ in range(12)]
-    base = Engine(str(llama_dir))
+    base = build_engine(str(llama_dir))
     records = {
         tuple(p): base.generate([p], SamplingParams(max_tokens=60, ignore_eos=True))[0].token_ids
         for p in prompts
@@ -82,7 +82,7 @@ def test_no_kv_leak_through_accept_reject_cycles_and_cancellations(llama_dir):
             ckpt.first_layers(1), ckpt.tokenizer, EngineConfig(draft_kv_cache_bytes=2**17)
         ),
     ):
-        engine = Engine(
+        engine = build_engine(
             str(llama_dir), EngineConfig(kv_cache_bytes=2**18, max_lanes=6), proposer=proposer
         )
         live: list[int] = []
@@ -122,8 +122,8 @@ def test_default_model_ngram_acceptance_and_equality():
     )
     chat = [{"role": "user", "content": text}]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
-    plain = Engine(path).generate([chat], params)[0]
-    engine = Engine(path, proposer=NgramProposer())
+    plain = build_engine(path).generate([chat], params)[0]
+    engine = build_engine(path, proposer=NgramProposer())
     drafted = engine.generate([chat], params)[0]
     assert drafted.token_ids == plain.token_ids
     assert drafted.num_drafted > 0 and drafted.num_accepted / drafted.num_drafted > 0.3

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cache.kv_pool import KVPool
 from lanes.batch import ForwardBatch
+from lanes.cache.kv_pool import KVPool
 from lanes.config import ModelConfig
 from lanes.models.rope import rope_tables
 from lanes.models.weights import DecoderWeights

@@ -1,0 +1,112 @@
+"""The composition root: the one place that builds config → ops → model → proposer → (tensor
+parallel shards) → engine. Nothing below imports it; the CLI, the server and users call it.
+
+    engine = build_engine()                       # the default model, EngineConfig()
+    engine = build_engine("path/to/model", EngineConfig(drafter="ngram"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lanes.backends import make_ops
+from lanes.cache.kv_pool import KVPool
+from lanes.config import EngineConfig
+from lanes.drafter import Proposer, make_proposer
+from lanes.engine import Engine
+from lanes.models import Checkpoint, build_decoder, open_checkpoint
+from lanes.models.decoder import Decoder
+from lanes.parallel import Comm, shard_config, shard_weights, worker_loop
+from lanes.runner import build_runner
+
+
+def build_engine(
+    model: str | None = None,
+    config: EngineConfig | None = None,
+    *,
+    checkpoint: Checkpoint | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    proposer: Proposer | None = None,
+    parallel: Comm | None = None,
+    engine_type: type[Engine] = Engine,
+) -> Engine:
+    """An engine for `model` (a path, repo id or None for the default) or an opened checkpoint.
+    proposer: a drafter built by the caller (else config.drafter's); parallel: run as one rank of
+    a tensor-parallel group (the drafter lives on rank 0); engine_type: an Engine subclass (tests
+    that change one mechanism to show a check fails without it)."""
+    cfg = config or EngineConfig()
+    ckpt = checkpoint or open_checkpoint(model)
+    dtype = getattr(torch, cfg.torch_dtype_name)
+    ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
+    decoder = build_decoder(ckpt, ops, dtype, cfg.device)
+    if parallel is not None:
+        local = shard_config(ckpt.config, parallel.world)
+        weights = shard_weights(decoder.weights, ckpt.config, parallel.rank, parallel.world)
+        decoder = Decoder(local, weights, ops, parallel, parallel.rank * local.vocab_size)
+    mc = ckpt.config
+    per_block = KVPool.bytes_per_block(
+        mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype
+    )
+    runner = build_runner(decoder, max(1, cfg.kv_cache_bytes // per_block), cfg, dtype)
+    if proposer is None and (parallel is None or parallel.rank == 0):
+        proposer = make_proposer(cfg.drafter, cfg, ckpt)
+    return engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
+
+
+def _rank_main(rank: int, world: int, init_file: str, model: str, config, job, results) -> None:
+    on_gpu = config.device.startswith("cuda")
+    if on_gpu:  # one GPU per rank
+        torch.cuda.set_device(rank)
+        config = dataclasses.replace(config, device=f"cuda:{rank}")
+    backend = "nccl" if on_gpu else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        engine = build_engine(model, config, parallel=Comm(rank, world))
+        if rank == 0:
+            try:
+                results.put(("ok", job(engine)))
+            except Exception as e:  # report it to the parent, then release the workers
+                results.put(("error", f"{type(e).__name__}: {e}"))
+            engine.comm.broadcast(None)
+        else:
+            worker_loop(engine.runner, engine.comm, config.device)
+    except KeyboardInterrupt:  # the server was stopped: every rank leaves
+        pass
+    finally:
+        dist.destroy_process_group()
+
+
+def run_tensor_parallel(world: int, model: str, config, job: Callable) -> Any:
+    """Start `world` processes, serve `model` sharded over them, and return job(engine) from rank
+    0. `job` must be a module-level function (it is pickled into the new processes)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    fd, init_file = tempfile.mkstemp(prefix="lanes-tp-")
+    os.close(fd)
+    os.unlink(init_file)  # the file store creates it
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, init_file, model, config, job, results))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        status, value = results.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    if status != "ok":
+        raise RuntimeError(f"tensor-parallel job failed: {value}")
+    return value

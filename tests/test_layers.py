@@ -1,0 +1,166 @@
+"""The import structure: one direction, no circles, and install names that cannot collide.
+
+Layers, top to bottom; a module imports only its own layer and the ones below (function-level
+imports count too: a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (layer, module prefixes); the first matching prefix, longest first, names a module's layer
+LAYERS = [
+    # the API and tools that build engines: the CLI, the server, `lanes distill`
+    ("api", ["lanes", "lanes.cli", "lanes.server", "lanes.openai_api", "lanes.async_engine",
+             "lanes.drafter.distill"]),
+    ("build", ["lanes.build"]),  # the composition root
+    ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
+                "lanes.inflight"]),
+    ("drafter", ["lanes.drafter"]),
+    ("runner", ["lanes.runner", "lanes.graphs", "lanes.parallel"]),
+    ("models", ["lanes.models"]),
+    ("ops", ["lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention"]),
+    ("kernels", ["lanes.kernels"]),
+    # below all of them: memory, the round plan, requests, config (DESIGN.md)
+    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.sampling", "lanes.config",
+              "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
+              "lanes._source_tree"]),
+]  # fmt: skip
+FOLDERS = {"lanes": "lanes", "kernels": "lanes.kernels", "cache": "lanes.cache",
+           "drafter": "lanes.drafter"}  # fmt: skip
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join((package, *parts))
+            mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _layer(module: str) -> int:
+    best = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    assert best is not None, f"{module} is in no layer"
+    return best[0]
+
+
+def _imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n in mods}
+    return out
+
+
+def test_imports_go_down_only():
+    mods = _modules()
+    upward = []
+    for name, path in mods.items():
+        for target in _imports(path, mods) - {name}:
+            if _layer(target) < _layer(name):
+                upward.append(f"{name} ({LAYERS[_layer(name)][0]}) imports {target} "
+                              f"({LAYERS[_layer(target)][0]})")  # fmt: skip
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circles():
+    mods = _modules()
+    edges = {name: _imports(path, mods) - {name} for name, path in mods.items()}
+    # a package's __init__ re-exporting its submodules is not a circle of concepts
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if nxt.startswith(node + "."):
+                continue
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "\n".join(circles)
+
+
+def test_the_code_never_imports_the_bare_folder_names():
+    bare = [
+        f"{name}: {target}"
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for target in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+        if target.split(".")[0] in ("kernels", "cache", "drafter")
+    ]
+    assert not bare, bare
+
+
+def test_installs_only_inside_the_lanes_namespace():
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "lanes" or p.startswith("lanes.") for p in setup["packages"])
+    assert setup["package-dir"]["lanes.kernels"] == "kernels"
+
+
+def test_lanes_imports_beside_another_distribution_named_kernels(tmp_path):
+    """Hugging Face's `kernels` (or any top-level kernels / cache / drafter package) earlier on
+    the path must neither break lanes nor be replaced by lanes' folders."""
+    for name in ("kernels", "cache", "drafter"):
+        (tmp_path / "other" / name).mkdir(parents=True)
+        (tmp_path / "other" / name / "__init__.py").write_text(f"WHO = 'other {name}'\n")
+    code = (
+        "import kernels, cache, drafter\n"
+        "import lanes, lanes.cli, lanes.server, lanes.build, lanes.kernels.registry\n"
+        "import lanes.drafter.eagle, lanes.drafter.hybrid, lanes.cache.prompt_cache\n"
+        "import sys\n"
+        "assert [m.WHO for m in (kernels, cache, drafter)] == "
+        "['other kernels', 'other cache', 'other drafter']\n"
+        "assert sys.modules['kernels'] is kernels and not hasattr(kernels, 'registry')\n"
+        f"assert lanes.kernels.__file__.startswith({str(ROOT / 'kernels')!r})\n"
+        "print('ok')\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path / "other"), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_a_checkout_runs_without_installing():
+    """From the repository root with no install (no site hooks: `python -S`, the libraries on
+    PYTHONPATH), as bench scripts run on the GPU machine: the folders map to lanes.*."""
+    code = (
+        "import sys, lanes, lanes.build, lanes.kernels.registry, lanes.drafter.eagle\n"
+        "assert any(type(f).__name__ == '_SiblingFinder' for f in sys.meta_path)\n"
+        f"assert lanes.cache.__file__ == {str(ROOT / 'cache' / '__init__.py')!r}\n"
+        "print('ok')\n"
+    )
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

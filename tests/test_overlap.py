@@ -1,0 +1,129 @@
+"""Overlapped rounds (lanes/inflight.py) give exactly the synchronous output: tokens, logprobs,
+text and finish reasons, for greedy lanes that overlap and for the seeded, drafted and
+top_logprobs lanes beside them that do not; lanes that stop early, join late or are cancelled;
+no block leaked. On the CPU nothing runs asynchronously, but every step of the mechanism runs:
+round N+1 is launched reading N's tokens from the device tensor before N is taken."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from lanes.drafter.replay import ReplayProposer
+
+from lanes import EngineConfig, SamplingParams, build_engine
+
+RNG = random.Random(15)
+PROMPTS = [[RNG.randrange(3, 380) for _ in range(n)] for n in (5, 17, 40, 9, 64, 23)]
+
+
+def _params(tokenizer_stop: str) -> list[SamplingParams]:
+    greedy = SamplingParams(max_tokens=14, ignore_eos=True)
+    return [
+        greedy,
+        dataclasses.replace(greedy, max_tokens=1),  # ends in its first decode round
+        dataclasses.replace(greedy, max_tokens=21, stop=(tokenizer_stop,)),
+        dataclasses.replace(greedy, max_tokens=9),
+        dataclasses.replace(greedy, max_tokens=12, draft=False),
+        dataclasses.replace(greedy, max_tokens=17),
+    ]
+
+
+def _run(engine, params, late: tuple[int, ...] = (), cancel_at: dict[int, int] | None = None):
+    """Submit all prompts but `late` ones, which join after 6 rounds; cancel request i at the
+    round cancel_at[i]. Returns the completions in prompt order."""
+    ids, done, rounds = {}, {}, 0
+    for i, (p, sp) in enumerate(zip(PROMPTS, params, strict=True)):
+        if i not in late:
+            ids[i] = engine.add_request(p, sp)
+    while engine.has_work() or len(ids) < len(PROMPTS):
+        if rounds == 6:
+            for i in late:
+                ids[i] = engine.add_request(PROMPTS[i], params[i])
+        for i, r in (cancel_at or {}).items():
+            if r == rounds:
+                engine.cancel(ids[i])
+        done.update((c.request_id, c) for c in engine.step())
+        engine.check_integrity()
+        rounds += 1
+    assert engine.cache.num_available == engine.pool.num_blocks  # no lane holds a block
+    return [done[ids[i]] for i in range(len(PROMPTS))]
+
+
+def _same(got, want) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert (g.token_ids, g.logprobs, g.text, g.finish_reason) == (
+            w.token_ids,
+            w.logprobs,
+            w.text,
+            w.finish_reason,
+        )
+        assert g.top_logprobs == w.top_logprobs
+
+
+@pytest.fixture(scope="module")
+def stop_text(llama_dir):
+    """A stop string the greedy output of prompt 2 reaches part-way (found by a first run)."""
+    engine = build_engine(str(llama_dir), EngineConfig(overlap=False))
+    out = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=21, ignore_eos=True))[0]
+    return out.text[len(out.text) // 2 :][:2]
+
+
+def _engines(llama_dir, **config):
+    sync = build_engine(str(llama_dir), EngineConfig(overlap=False, prefill_chunk=32, **config))
+    over = build_engine(str(llama_dir), EngineConfig(overlap=True, prefill_chunk=32, **config))
+    return sync, over
+
+
+@pytest.mark.parametrize("late", [(), (4, 5)])
+def test_overlapped_equals_synchronous_greedy(llama_dir, stop_text, late):
+    params = _params(stop_text)
+    sync, over = _engines(llama_dir)
+    want, got = _run(sync, params, late), _run(over, params, late)
+    _same(got, want)
+    assert want[2].finish_reason == "stop" and len(want[1].token_ids) == 1
+    assert sync.metrics.num_overlapped_rounds == 0
+    assert over.metrics.num_overlapped_rounds >= 5  # the mechanism ran, not only the fallback
+
+
+def test_overlapped_beside_seeded_drafted_and_top_logprobs_lanes(llama_dir, stop_text):
+    """Lanes that cannot overlap (seeded, top_logprobs, drafting) make their rounds planned
+    ones; when they end, the greedy lanes left overlap again. Output equals the synchronous."""
+    params = _params(stop_text)
+    params[0] = dataclasses.replace(params[0], temperature=0.8, seed=11, max_tokens=4)
+    params[5] = dataclasses.replace(params[5], top_logprobs=3, max_tokens=5)
+    params[3] = dataclasses.replace(params[3], max_tokens=6)  # the drafting lane
+    sync, over = _engines(llama_dir)
+    record = sync.generate([PROMPTS[3]], params[3])[0].token_ids
+    vocab = sync.model_config.vocab_size
+    for engine in (sync, over):  # drafts right half of the time, the same in both engines
+        engine.proposer = ReplayProposer({tuple(PROMPTS[3]): record}, 0.5, vocab)
+    params = [p if i == 3 else dataclasses.replace(p, draft=False) for i, p in enumerate(params)]
+    want, got = _run(sync, params), _run(over, params)
+    _same(got, want)
+    assert sum(c.num_drafted for c in want) > 0  # the drafting lane drafted
+    assert over.metrics.num_overlapped_rounds > 0
+
+
+def test_cancelled_lanes_end_and_the_rest_are_unchanged(llama_dir, stop_text):
+    params = _params(stop_text)
+    sync, over = _engines(llama_dir)
+    want = _run(sync, params)
+    got = _run(over, params, cancel_at={0: 9})
+    assert got[0].finish_reason == "cancelled"
+    assert got[0].token_ids == want[0].token_ids[: len(got[0].token_ids)]
+    _same(got[1:], want[1:])
+
+
+def test_negative_control_a_wrong_pending_row_is_caught(llama_dir, stop_text, monkeypatch):
+    """Without the device-to-device copy of each lane's pending token (the runner reads the
+    placeholder 0 instead), the equality above fails."""
+    import lanes.runner
+
+    params = _params(stop_text)
+    sync, over = _engines(llama_dir)
+    want = _run(sync, params)
+    monkeypatch.setattr(lanes.runner, "fill_pending", lambda *a: None)
+    got = _run(over, params)
+    assert [g.token_ids for g in got] != [w.token_ids for w in want]
