@@ -338,7 +338,8 @@ class Engine:
         if sum(need) > self.cache.num_available:
             return ()
         for s, n in zip(steps, need, strict=True):
-            s.lane.block_table.append(self.cache.allocate(n))
+            if n:
+                s.lane.block_table.append(self.cache.allocate(n))
         return tuple(steps)
 
     def _take_inflight(self, last: InFlight) -> list[Completion]:

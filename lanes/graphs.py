@@ -162,17 +162,19 @@ class DecodeGraphs:
                 where += range(i * c, i * c + t)
                 what += [self.scratch_slot] * t
                 g.rows[i] = None
-        g.input_ids.copy_(torch.tensor(ids), non_blocking=True)
-        g.positions.copy_(torch.tensor(pos), non_blocking=True)
-        g.slot_mapping.copy_(torch.tensor(slots), non_blocking=True)
-        g.first_pos.copy_(torch.tensor(first, dtype=torch.int32), non_blocking=True)
-        g.ctx_len.copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
-        if where:
-            # built on the host, copied without waiting (a blocking copy would wait for the
-            # forward in flight when rounds overlap)
-            both = torch.tensor([where, what], dtype=torch.int64)
-            both = both.to(g.kv_slots.device, non_blocking=True)
-            g.kv_slots.index_copy_(0, both[0], both[1])
+        # One host-to-device copy of everything, split on the device; never a blocking copy
+        # (it would wait for the forward in flight when rounds overlap).
+        n, lanes, w = len(ids), g.lanes, len(where)
+        staged = torch.tensor(ids + pos + slots + first + ctx + where + what, dtype=torch.int64)
+        staged = staged.to(g.input_ids.device, non_blocking=True)
+        g.input_ids.copy_(staged[:n])
+        g.positions.copy_(staged[n : 2 * n])
+        g.slot_mapping.copy_(staged[2 * n : 3 * n])
+        g.first_pos.copy_(staged[3 * n : 3 * n + lanes])
+        g.ctx_len.copy_(staged[3 * n + lanes : 3 * n + 2 * lanes])
+        if w:
+            kv = staged[3 * n + 2 * lanes :]
+            g.kv_slots.index_copy_(0, kv[:w], kv[w:])
         if g.features is not None:  # padding rows keep whatever they held: their rows are dropped
             rows = len(steps) * t
             g.features[:rows].copy_(torch.cat([s.features for s in steps]), non_blocking=True)

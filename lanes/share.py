@@ -38,12 +38,23 @@ class CostModel:
 
     def __init__(self, window: int = 256) -> None:
         self._rows: deque[tuple[float, float, float, float]] = deque(maxlen=window)
-        self.params = _PRIOR.copy()
+        self._params = _PRIOR.copy()
+        self._stale = False  # rows arrived since the last fit
 
     def observe(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
         self._rows.append((1.0, float(prefill_tokens), float(decode_tokens), seconds))
-        if len(self._rows) < _MIN_ROUNDS:
-            return
+        self._stale = len(self._rows) >= _MIN_ROUNDS
+
+    @property
+    def params(self) -> np.ndarray:
+        """(overhead, per prefill token, per decode token), fitted when read: a fit costs
+        ~0.3 ms of host time, and rounds of decode alone never read it."""
+        if self._stale:
+            self._fit()
+        return self._params
+
+    def _fit(self) -> None:
+        self._stale = False
         data = np.array(self._rows)
         x, y = data[:, :3], data[:, 3]
         # Scale columns so the ridge treats them alike, then solve the normal equations.
@@ -52,7 +63,7 @@ class CostModel:
         lam = _PRIOR_WEIGHT * np.eye(3)
         rhs = xs.T @ y + lam @ (_PRIOR * scale)
         fitted = np.linalg.solve(xs.T @ xs + lam, rhs) / scale
-        self.params = np.maximum(fitted, _PRIOR * 1e-3)  # costs are positive
+        self._params = np.maximum(fitted, _PRIOR * 1e-3)  # costs are positive
 
     def predict(self, prefill_tokens: int, decode_tokens: int) -> float:
         a, b, c = self.params
