@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import torch
+
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter.model import ModelDrafter
 from lanes.drafter.ngram import NgramProposer
 from lanes.drafter.replay import ReplayProposer
-
-from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import open_checkpoint
 
 PROMPTS = [

@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 import torch
-from lanes.drafter.base import Draft, Proposer
-from lanes.drafter.model import ModelDrafter
-from lanes.drafter.replay import ReplayProposer
 
 from bench.shapes import SHAPES, id_tokenizer, random_checkpoint, synthetic_prompt
 from lanes import Engine, EngineConfig, SamplingParams, build_engine
+from lanes.drafter.base import Draft, Proposer
+from lanes.drafter.model import ModelDrafter
+from lanes.drafter.replay import ReplayProposer
 
 
 class CostedReplay(Proposer):

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lanes.cache.block_table import BlockTable
-
 from lanes.graphs import DecodeGraphs, _Graph
 
 

@@ -19,9 +19,9 @@ import platform
 from pathlib import Path
 
 import torch
+
 from lanes.drafter.corpus import chat_prompts, pydoc_texts, shakespeare_texts
 from lanes.drafter.distill import SAMPLED_TEMPERATURE, held_out_acceptance
-
 from lanes.models import open_checkpoint
 
 SHIPPED = Path(__file__).resolve().parent.parent / "drafter" / "weights" / "smollm2-135m-instruct"

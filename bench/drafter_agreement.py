@@ -14,12 +14,12 @@ import argparse
 from pathlib import Path
 
 import torch
-from lanes.drafter.corpus import chat_prompts, pydoc_texts
-from lanes.drafter.distill import EagleHead, hf_config
 from safetensors.torch import load_file
 
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.config import ModelConfig
+from lanes.drafter.corpus import chat_prompts, pydoc_texts
+from lanes.drafter.distill import EagleHead, hf_config
 from lanes.models import open_checkpoint
 
 

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import torch
-from lanes.drafter.replay import ReplayProposer
 
 from bench.shapes import SHAPES, random_checkpoint
 from lanes import Engine, EngineConfig, SamplingParams, build_engine
+from lanes.drafter.replay import ReplayProposer
 
 SAMPLINGS = {
     "greedy": SamplingParams(max_tokens=16, ignore_eos=True),

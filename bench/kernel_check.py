@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from lanes.kernels import matmul
 from lanes.kernels.registry import REGISTRY
 

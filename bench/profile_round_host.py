@@ -54,10 +54,9 @@ def main() -> None:
     new = args.steps * (args.k + 1 if args.drafter else 1) + 60
     params = SamplingParams(max_tokens=new, ignore_eos=True)
     if args.drafter:
+        from bench.bench_engine import CostedReplay
         from lanes.drafter.model import ModelDrafter
         from lanes.drafter.replay import ReplayProposer
-
-        from bench.bench_engine import CostedReplay
 
         outs = engine.generate(prompts, params, cache_salt="record")
         records = {tuple(p): o.token_ids for p, o in zip(prompts, outs, strict=True)}

@@ -35,7 +35,6 @@ def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Propos
         # suffixes of 3+ tokens: shorter matches guess worse than the head does
         return HybridProposer(EagleDrafter(head, target, config), NgramProposer(min_n=3))
     from lanes.drafter.model import ModelDrafter, with_shared_tensors
-
     from lanes.models import open_checkpoint
 
     return ModelDrafter(

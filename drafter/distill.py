@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lanes.drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
-from lanes.drafter.eagle import FUSE, REDUCE, VOCAB
-from lanes.drafter.teacher import DenseTarget, Example
 from safetensors.torch import save_file
 
 from lanes import build_engine
 from lanes.config import EngineConfig, ModelConfig
+from lanes.drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
+from lanes.drafter.eagle import FUSE, REDUCE, VOCAB
+from lanes.drafter.teacher import DenseTarget, Example
 from lanes.models import Checkpoint, open_checkpoint
 from lanes.models.rope import rope_tables
 from lanes.sampling import SamplingParams

@@ -40,15 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
+from lanes.backends import make_ops
 from lanes.cache.block_pool import BlockPool
 from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
-from lanes.drafter.base import Draft, Proposer
-from safetensors import safe_open
-
-from lanes.backends import make_ops
 from lanes.config import ConfigError, EngineConfig, ModelConfig
+from lanes.device_sampling import DeviceChain
+from lanes.drafter.base import Draft, Proposer
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
 from lanes.rounds import Step
@@ -296,16 +297,23 @@ class EagleDrafter(Proposer):
                 feats = shadow.features_until(end, self._zero)
                 n = self.runner.catch_up_logits(end - shadow.num_computed)
                 steps.append(Step(shadow, shadow.num_computed, end, num_logits=n, features=feats))
+        # Greedy lanes draft on the device: each step reads the previous one's tokens and
+        # feature guesses there, and the host reads all k tokens once (lanes.device_sampling).
+        chain = DeviceChain(self.runner.decoder.ops.name == "triton")
+        on_device = all(lane.params.is_greedy for lane in lanes)
+        previous = None
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
-            logits = self._full_logits(self.runner.execute(steps))
+            logits = self._full_logits(self.runner.execute(steps, previous_tokens=previous))
             hidden = self.runner.last_hidden
-            last_rows = torch.tensor(
-                list(itertools.accumulate(s.num_tokens for s in steps)), device=hidden.device
-            )
-            guesses = hidden[last_rows - 1].clone()  # each lane's guess of the next feature
+            token_ends = list(itertools.accumulate(s.num_tokens for s in steps))
+            index = torch.tensor(token_ends, dtype=torch.int64) - 1
+            guesses = hidden[index.to(hidden.device, non_blocking=True)]  # next-feature guesses
             logits_rows = list(itertools.accumulate(s.num_logits for s in steps))
+            if on_device:
+                keys = [s.lane.lane.request_id for s in steps]
+                previous = chain.greedy(logits, logits_rows, keys)
             next_steps = []
             for row, (step, logits_end) in enumerate(zip(steps, logits_rows, strict=True)):
                 shadow, lane = step.lane, step.lane.lane
@@ -313,26 +321,26 @@ class EagleDrafter(Proposer):
                     shadow.advance(step.end)
                     self._publish(shadow)
                 position = lane.num_known + j
-                token, lp = sample_row(
-                    logits[logits_end - 1], lane.params, position, lane.params.seed
-                )
-                drafts[lane.request_id].append(token)
-                logprobs[lane.request_id].append(lp)
+                if on_device:
+                    follow = {"pending_row": row}
+                else:
+                    token, lp = sample_row(
+                        logits[logits_end - 1], lane.params, position, lane.params.seed
+                    )
+                    drafts[lane.request_id].append(token)
+                    logprobs[lane.request_id].append(lp)
+                    follow = {"draft_ids": (token,)}
                 if j + 1 < wanted[lane.request_id]:
                     r = shadow.num_known + j
+                    feature = guesses[row : row + 1]
                     next_steps.append(
-                        Step(
-                            shadow,
-                            r,
-                            r + 1,
-                            num_logits=1,
-                            draft_ids=(token,),
-                            features=guesses[row : row + 1],
-                        )
+                        Step(shadow, r, r + 1, num_logits=1, features=feature, **follow)
                     )
             steps = next_steps
+        if on_device:
+            drafts.update(chain.read())
         return [
-            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if drafts[rid] else None)
+            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if logprobs[rid] else None)
             for rid in (lane.request_id for lane in lanes)
         ]
 

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from lanes.drafter.base import Draft, Proposer
 from lanes.drafter.eagle import EagleDrafter
 from lanes.drafter.ngram import NgramProposer
-
 from lanes.lane import Lane
 
 

@@ -6,13 +6,14 @@ import itertools
 from collections.abc import Sequence
 
 import torch
+
+from lanes.backends import make_ops
 from lanes.cache.block_pool import BlockPool
 from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
-from lanes.drafter.base import Draft, Proposer
-
-from lanes.backends import make_ops
 from lanes.config import ConfigError, EngineConfig
+from lanes.device_sampling import DeviceChain
+from lanes.drafter.base import Draft, Proposer
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.rounds import Step
@@ -136,27 +137,37 @@ class ModelDrafter(Proposer):
             return Step(sh, sh.num_computed, sh.num_known, num_logits=n)
 
         steps = [catch_up(sh) for rid, sh in self.shadows.items() if rid in wanted]
+        # Greedy lanes draft on the device: each forward reads the previous one's tokens there,
+        # and the host reads all k tokens once (not once per draft step).
+        chain = DeviceChain(self.ops.name == "triton")
+        on_device = all(lane.params.is_greedy for lane in lanes)
+        previous = None
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
-            logits = self.runner.execute(steps)
+            logits = self.runner.execute(steps, previous_tokens=previous)
             last_rows = list(itertools.accumulate(s.num_logits for s in steps))
+            if on_device:
+                previous = chain.greedy(logits, last_rows, [s.lane.lane.request_id for s in steps])
             next_steps = []
-            for step, end in zip(steps, last_rows, strict=True):
-                row = end - 1
+            for i, (step, end) in enumerate(zip(steps, last_rows, strict=True)):
                 shadow, lane = step.lane, step.lane.lane
                 shadow.num_computed = step.end
                 position = lane.num_known + j
-                token, lp = sample_row(logits[row], lane.params, position, lane.params.seed)
-                drafts[lane.request_id].append(token)
-                logprobs[lane.request_id].append(lp)
+                if on_device:
+                    follow = {"pending_row": i}
+                else:
+                    token, lp = sample_row(logits[end - 1], lane.params, position, lane.params.seed)
+                    drafts[lane.request_id].append(token)
+                    logprobs[lane.request_id].append(lp)
+                    follow = {"draft_ids": (token,)}
                 if j + 1 < wanted[lane.request_id]:
-                    next_steps.append(
-                        Step(shadow, position, position + 1, num_logits=1, draft_ids=(token,))
-                    )
+                    next_steps.append(Step(shadow, position, position + 1, num_logits=1, **follow))
             steps = next_steps
+        if on_device:
+            drafts.update(chain.read())
         return [
-            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if drafts[rid] else None)
+            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if logprobs[rid] else None)
             for rid in (lane.request_id for lane in lanes)
         ]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from lanes.drafter.base import Draft, Proposer
 from numpy.lib.stride_tricks import sliding_window_view
 
+from lanes.drafter.base import Draft, Proposer
 from lanes.lane import Lane
 
 

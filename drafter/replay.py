@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lanes.drafter.base import Draft, Proposer
-
 from lanes.lane import Lane
 from lanes.sampling import uniform_noise
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
 from lanes.kernels.common import check, interpreting
 
 BLOCK_N = 64

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from lanes.kernels.common import interpreting
 
 BLOCK_N = 64

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from lanes.kernels import attention, kv_write, matmul, rmsnorm, rope, sampling
 
 Case = tuple  # positional arguments for both the kernel and its reference

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from lanes.kernels.common import FLOAT_DTYPES, check
 
 

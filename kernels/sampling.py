@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from lanes.kernels.common import check
 
 _BISECT = 40  # float32 thresholds: 40 halvings reach the resolution of the interval's floats

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lanes.device_sampling import greedy_rows
 from lanes.rounds import Step
 
 
@@ -38,12 +39,8 @@ class InFlight:
 
 def launch_greedy(steps: Sequence[Step], logits: torch.Tensor, use_triton: bool) -> InFlight:
     """Greedy tokens of logits [num_steps, vocab] (one row per step) and their log-softmax, left
-    on the device, with one asynchronous copy to the host. Triton's one-pass kernel on the GPU,
-    the plain-torch reference elsewhere; both give sample_row's greedy token and logprob."""
-    from lanes.kernels.sampling import greedy_tokens, ref_greedy_tokens
-
-    logits = logits.contiguous()
-    tokens, logprobs = greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
+    on the device, with one asynchronous copy to the host."""
+    tokens, logprobs = greedy_rows(logits, use_triton)
     both = torch.stack([tokens.double(), logprobs.double()])  # token ids < 2**53: exact
     if not both.is_cuda:
         return InFlight(tuple(steps), tokens, both, None)

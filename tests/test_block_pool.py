@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from lanes.cache import BlockPool, BlockTable, IntegrityError
 
 

@@ -64,9 +64,8 @@ def test_distill_toy(tiny_models, tmp_path):
 def _random_head(target_dir, out, vocab_size, layers=None):
     """An untrained drafter (random layer) saved like `lanes distill` saves one; the head
     keeps the bf16-rounded weights the engine will load."""
-    from lanes.drafter.distill import EagleHead, hf_config, save
-
     from lanes.config import ModelConfig
+    from lanes.drafter.distill import EagleHead, hf_config, save
     from lanes.models import open_checkpoint
 
     target = open_checkpoint(str(target_dir))
@@ -320,7 +319,6 @@ def test_answers_file_is_written_then_read_back(tiny_models, tmp_path):
     from lanes.drafter.corpus import chat_examples, pydoc_texts
     from lanes.drafter.distill import read_answers, teacher_answers
     from lanes.drafter.teacher import DenseTarget
-
     from lanes.models import open_checkpoint
 
     target_dir, _ = tiny_models["smollm2"]
@@ -350,7 +348,6 @@ def test_shipped_drafter_for_the_default_model():
     from pathlib import Path
 
     from lanes.drafter.corpus import chat_prompts, pydoc_texts
-
     from lanes.models.resolve import default_gguf
 
     shipped = Path(__file__).resolve().parent.parent / "drafter/weights/smollm2-135m-instruct"

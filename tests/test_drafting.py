@@ -7,12 +7,12 @@ import random
 
 import pytest
 import torch
-from lanes.drafter.model import ModelDrafter
-from lanes.drafter.ngram import NgramProposer, ngram_continuation
-from lanes.drafter.replay import ReplayProposer
 
 import lanes.speculation
 from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.drafter.model import ModelDrafter
+from lanes.drafter.ngram import NgramProposer, ngram_continuation
+from lanes.drafter.replay import ReplayProposer
 from lanes.models import open_checkpoint
 from tests.conftest import write_tiny_model
 

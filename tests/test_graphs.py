@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-from lanes.drafter.replay import ReplayProposer
 
 from bench.shapes import TINY, random_checkpoint
 from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.drafter.replay import ReplayProposer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 

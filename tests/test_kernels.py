@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lanes.kernels import attention, matmul
 from lanes.kernels.registry import REGISTRY, attention_case
 
@@ -125,10 +126,9 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     log-softmax of the same logits, and seeded rows (host path) still reproduce."""
     import dataclasses
 
-    from lanes.drafter.replay import ReplayProposer
-
     import lanes.speculation
     from lanes import EngineConfig, SamplingParams, build_engine
+    from lanes.drafter.replay import ReplayProposer
     from lanes.sampling import sampling_logprobs
 
     launches = []

@@ -25,7 +25,7 @@ LAYERS = [
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
                 "lanes.inflight"]),
     ("drafter", ["lanes.drafter"]),
-    ("runner", ["lanes.runner", "lanes.graphs", "lanes.parallel"]),
+    ("runner", ["lanes.runner", "lanes.graphs", "lanes.parallel", "lanes.device_sampling"]),
     ("models", ["lanes.models"]),
     ("ops", ["lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention"]),
     ("kernels", ["lanes.kernels"]),

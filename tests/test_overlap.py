@@ -10,9 +10,9 @@ import dataclasses
 import random
 
 import pytest
-from lanes.drafter.replay import ReplayProposer
 
 from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.drafter.replay import ReplayProposer
 
 RNG = random.Random(15)
 PROMPTS = [[RNG.randrange(3, 380) for _ in range(n)] for n in (5, 17, 40, 9, 64, 23)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from lanes.cache import BlockTable
-
 from lanes.lane import Lane, LaneState
 from lanes.rounds import plan_round
 from lanes.sampling import SamplingParams

@@ -7,11 +7,11 @@ import random
 
 import pytest
 import torch
+
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter.model import ModelDrafter
 from lanes.drafter.ngram import NgramProposer
 from lanes.drafter.replay import ReplayProposer
-
-from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import open_checkpoint
 from lanes.sampling import gumbel_noise
 from lanes.speculation import verify

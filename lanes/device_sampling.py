@@ -1,0 +1,53 @@
+"""Greedy tokens of many logits rows at once, left on the device: what overlapped rounds and
+device-chained drafting read from, without waiting for a copy to the host.
+
+Triton's one-pass kernel (lanes.kernels.sampling.greedy_tokens) where the ops are Triton, the
+plain-torch reference elsewhere; both give lanes.sampling.sample_row's greedy token (ties to the
+lowest id) and its log-softmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens int64 [R], logprobs fp32 [R]) of logits [R, vocab], on logits' device."""
+    from lanes.kernels.sampling import greedy_tokens, ref_greedy_tokens
+
+    logits = logits.contiguous()
+    return greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
+
+
+class DeviceChain:
+    """Draft tokens made one forward after another on the device, each forward reading the one
+    before's tokens (Step.pending_row), and read back to the host once at the end."""
+
+    def __init__(self, use_triton: bool) -> None:
+        self.use_triton = use_triton
+        self._parts: list[tuple[torch.Tensor, list[int]]] = []  # (tokens [n], their lanes' keys)
+
+    def greedy(self, logits: torch.Tensor, ends: Sequence[int], keys: list[int]) -> torch.Tensor:
+        """The greedy token of each step's last logits row (ends: cumulative rows per step);
+        returns them [len(ends)] on the device, for the next forward's pending rows."""
+        if ends[-1] != len(ends):  # some step asked for more rows than its last
+            index = torch.tensor([e - 1 for e in ends], dtype=torch.int64)
+            logits = logits.index_select(0, index.to(logits.device, non_blocking=True))
+        tokens, _ = greedy_rows(logits, self.use_triton)
+        self._parts.append((tokens, keys))
+        return tokens
+
+    def read(self) -> dict[int, list[int]]:
+        """Every lane's tokens in draft order, in one copy to the host."""
+        out: dict[int, list[int]] = {}
+        if not self._parts:
+            return out
+        values = torch.cat([t for t, _ in self._parts]).tolist()
+        i = 0
+        for _, keys in self._parts:
+            for key in keys:
+                out.setdefault(key, []).append(values[i])
+                i += 1
+        return out
