@@ -20,14 +20,20 @@ from lanes import Engine, EngineConfig, SamplingParams, build_engine
 from lanes.lane import LaneState
 
 
-def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) -> dict:
+def settle(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) -> None:
+    """Start `lanes` requests and step until every lane decodes (and a few steps more, so the
+    graphs of this bucket are captured); each has room for `steps` more tokens."""
     params = SamplingParams(max_tokens=steps + 40, ignore_eos=True)
     for i in range(lanes):
         engine.submit(synthetic_prompt(vocab, prompt_len, 7000 + i), params)
     while engine.waiting or any(x.state is not LaneState.DECODE for x in engine.running):
         engine.step()
-    for _ in range(5):  # settle: graphs for this bucket are captured
+    for _ in range(5):
         engine.step()
+
+
+def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) -> dict:
+    settle(engine, vocab, lanes, prompt_len, steps)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
@@ -41,7 +47,15 @@ def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) ->
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
     covered, end = 0.0, float("-inf")
+    small_gaps = large_gaps = 0.0  # idle between kernels: < 20 µs (inside a graph), longer
+    num_large = 0
     for a, b in kernels:  # union of intervals, in microseconds
+        if end > float("-inf") and a > end:
+            if a - end < 20.0:
+                small_gaps += a - end
+            else:
+                large_gaps += a - end
+                num_large += 1
         if b > end:
             covered += b - max(a, end)
             end = b
@@ -54,6 +68,11 @@ def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) ->
         "device_ms_per_step": covered / steps / 1e3,
         "gpu_busy": covered / 1e6 / wall,
         "device_events_per_step": len(kernels) / steps,
+        # where the idle time is: many short gaps between kernels (a graph's own launches) or
+        # few long ones (the GPU waiting for the host)
+        "idle_ms_per_step_gaps_under_20us": small_gaps / steps / 1e3,
+        "idle_ms_per_step_gaps_over_20us": large_gaps / steps / 1e3,
+        "gaps_over_20us_per_step": num_large / steps,
     }
 
 
@@ -62,6 +81,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/busy-h200.json")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--overlap", nargs="+", default=["off", "on"], choices=["off", "on"])
+    ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3.1-8b"])
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     base = dict(device="cuda", kv_cache_bytes=24 * 2**30, prompt_cache_bytes=0, max_lanes=64)
@@ -69,6 +89,8 @@ def main() -> None:
         ("smollm2-135m", SMOLLM2_135M, [(1, 128)]),
         ("llama-3.1-8b", LLAMA_31_8B, [(1, 128), (64, 700)]),
     ):
+        if name not in args.shapes:
+            continue
         ckpt = random_checkpoint(shape, "cuda")
         for overlap in args.overlap:
             engine = build_engine(
