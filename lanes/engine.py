@@ -295,13 +295,15 @@ class Engine:
         """Launch round N+1 on round N's device tokens, then take round N's tokens (waiting for
         N alone). When N+1 cannot be launched that way, take N and run a planned round."""
         last, self._inflight = self._inflight, None
-        steps = self._steps_on_top(last)
-        if steps:
-            try:
+        steps: tuple[Step, ...] = ()
+        try:
+            steps = self._steps_on_top(last)
+            if steps:
                 logits = self.runner.execute(steps, previous_tokens=last.tokens)
                 self._inflight = launch_greedy(steps, logits, self.ops.name == "triton")
-            except Exception:  # the planned round reruns these lanes with its own boundaries
-                log.exception("launching a round on top of the previous one failed")
+        except Exception:  # the planned round reruns these lanes with its own boundaries
+            log.exception("launching a round on top of the previous one failed")
+            self._inflight = None
         ended = self._take_inflight(last)
         ended += self._apply_cancellations()
         if self._inflight is None:

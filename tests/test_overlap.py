@@ -127,3 +127,105 @@ def test_negative_control_a_wrong_pending_row_is_caught(llama_dir, stop_text, mo
     monkeypatch.setattr(lanes.runner, "fill_pending", lambda *a: None)
     got = _run(over, params)
     assert [g.token_ids for g in got] != [w.token_ids for w in want]
+
+
+def test_overlap_with_preemption_loses_nothing(llama_dir):
+    """A KV pool too small for every lane: rounds on top give way to planned rounds that
+    preempt lanes; outputs equal the synchronous engine's."""
+    block = 2 * 2 * 2 * 16 * 16 * 4  # one block: 2 layers, K and V, 2 heads, 16 dims, fp32
+    config = {"kv_cache_bytes": 20 * block, "prompt_cache_bytes": 4 * block}
+    sync, over = _engines(llama_dir, **config)
+    params = [SamplingParams(max_tokens=30 + 5 * i, ignore_eos=True) for i in range(6)]
+    want, got = _run(sync, params), _run(over, params)
+    _same(got, want)
+    assert over.metrics.num_preemptions > 0 and over.metrics.num_overlapped_rounds > 0
+
+
+def test_a_retry_resumes_what_an_overlapped_run_computed(llama_dir):
+    """resumed == fresh with overlap: a request cancelled mid-decode leaves its blocks in the
+    prompt cache; the identical retry finds them and gives the fresh output."""
+    prompt = PROMPTS[4] + PROMPTS[5]  # 87 tokens
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    fresh = build_engine(str(llama_dir), EngineConfig(overlap=False)).generate([prompt], params)[0]
+    engine = build_engine(str(llama_dir), EngineConfig(overlap=True, prefill_chunk=32))
+    rid = engine.add_request(prompt, params)
+    for _ in range(25):
+        engine.step()
+    engine.cancel(rid)
+    while engine.has_work():
+        engine.step()
+    assert engine.metrics.num_overlapped_rounds > 0
+    retry = engine.generate([prompt], params)[0]
+    assert retry.cached_tokens > len(prompt) - 16  # the prompt's blocks, and decoded ones
+    assert retry.token_ids == fresh.token_ids and retry.logprobs == fresh.logprobs
+
+
+def test_overlapped_server_streams_equal_solo_with_disconnects(long_model_dir):
+    """Over HTTP: 12 concurrent greedy streams, a third hanging up early, on an engine that
+    overlaps its rounds; completed streams equal their solo output, no block is leaked."""
+    import asyncio
+    import time
+
+    from tests.live_server import MODEL, LiveServer
+
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 380) for _ in range(rng.randint(5, 120))] for _ in range(12)]
+    config = EngineConfig(overlap=True, prefill_chunk=16, max_lanes=16)
+    engine = build_engine(str(long_model_dir), config)
+    kw = {"model": MODEL, "max_tokens": 14, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    with LiveServer(engine) as server:
+        client = server.client()
+        solo = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+
+        async def one(i, aclient):
+            stream = await aclient.completions.create(prompt=prompts[i], stream=True, **kw)
+            text, finish, left = "", None, (3 if i % 3 == 0 else None)
+            async for chunk in stream:
+                for c in chunk.choices:
+                    text += c.text
+                    finish = c.finish_reason or finish
+                if left is not None:
+                    left -= 1
+                    if left == 0:
+                        await stream.close()
+                        return None
+            return text if finish else None
+
+        async def main():
+            aclient = server.async_client()
+            try:
+                return await asyncio.gather(*(one(i, aclient) for i in range(12)))
+            finally:
+                await aclient.close()
+
+        results = asyncio.run(main())
+        deadline = time.time() + 30
+        while server.kv()["active_lanes"] and time.time() < deadline:
+            time.sleep(0.05)
+        kv = server.kv()
+    completed = [(i, t) for i, t in enumerate(results) if t is not None]
+    assert len(completed) >= 8
+    assert all(text == solo[i] for i, text in completed)
+    assert kv["integrity"] == "ok" and kv["blocks_owned_by_lanes"] == 0
+    assert engine.metrics.num_overlapped_rounds > 0
+
+
+def test_a_failed_launch_on_top_falls_back_to_a_planned_round(llama_dir, stop_text):
+    """If launching round N+1 on N's tokens raises, N is taken and a planned round (with its
+    own failure boundaries) runs instead: nobody fails, outputs are unchanged."""
+    params = _params(stop_text)
+    sync, over = _engines(llama_dir)
+    want = _run(sync, params)
+    execute, calls = over.runner.execute, {"n": 0}
+
+    def flaky(steps, all_logits=False, previous_tokens=None):
+        if previous_tokens is not None:
+            calls["n"] += 1
+            if calls["n"] % 3 == 1:
+                raise RuntimeError("injected")
+        return execute(steps, all_logits, previous_tokens)
+
+    over.runner.execute = flaky
+    got = _run(over, params)
+    _same(got, want)
+    assert calls["n"] > 3 and over.metrics.num_failures == 0
