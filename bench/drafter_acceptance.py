@@ -1,14 +1,17 @@
 """Acceptance at a fixed k on held-out chat prompts, greedy and at temperature 0.7 (coupled).
 
-    python -m bench.drafter_acceptance [--drafters ngram,DIR,DIR+ngram] [--prompts 6]
-        [--new-tokens 128] [--k 4] [--device cpu]
+    python -m bench.drafter_acceptance [--set corpus|everyday] [--drafters ngram,DIR,DIR+ngram]
+        [--prompts 6] [--new-tokens 128] [--k 4] [--device cpu]
 
-The prompts are drafter/corpus.py chat prompts drawn with seed 12345 (training uses seed 0), all
-in one batch, measured by drafter.distill.held_out_acceptance (the check `lanes distill` ends
-with); generation stops at end-of-sequence or after --new-tokens. Per drafter and temperature:
-drafts kept per verify step, tokens per verify step (kept drafts + the target's own
-token), and whether the drafted output equals the undrafted one. Writes
-bench/results/drafter-acceptance-<device>.json.
+--set corpus: drafter/corpus.py chat prompts drawn with seed 12345 (training uses seed 0).
+--set everyday: bench/data/everyday_prompts.json, what users send (coding, math, writing,
+advice, science, trivia, multi-turn, system prompts, documents + a question; never read by
+`lanes distill`), reported per category as well. All prompts in one batch, measured by
+drafter.distill.held_out_acceptance (the check `lanes distill` ends with); generation stops at
+end-of-sequence or after --new-tokens. Per drafter and temperature: drafts kept per verify step,
+tokens per verify step (kept drafts + the target's own token), the share of output tokens that
+came from kept drafts, and whether the drafted output equals the undrafted one. Writes
+bench/results/drafter-acceptance-[everyday-]<device>.json.
 """
 
 from __future__ import annotations
@@ -25,6 +28,24 @@ from lanes.drafter.distill import SAMPLED_TEMPERATURE, held_out_acceptance
 from lanes.models import open_checkpoint
 
 SHIPPED = Path(__file__).resolve().parent.parent / "drafter" / "weights" / "smollm2-135m-instruct"
+EVERYDAY = Path(__file__).resolve().parent / "data" / "everyday_prompts.json"
+
+
+def everyday_prompts() -> list[tuple[str, list[dict]]]:
+    """(category, messages) of the everyday held-out set."""
+    return [(p["category"], p["messages"]) for p in json.loads(EVERYDAY.read_text())["prompts"]]
+
+
+def summarise(by_prompt: list[tuple[int, int, int]]) -> dict:
+    steps = sum(s for s, _, _ in by_prompt)
+    kept = sum(k for _, k, _ in by_prompt)
+    tokens = sum(t for _, _, t in by_prompt)
+    return {
+        "drafts_kept_per_verify": round(kept / max(1, steps), 3),
+        "tokens_per_verify": round(tokens / max(1, steps), 3),
+        "share_of_tokens_from_drafts": round(kept / max(1, tokens), 3),
+        "tokens": tokens,
+    }
 
 
 def main() -> None:
@@ -35,11 +56,17 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--set", default="corpus", choices=["corpus", "everyday"])
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
-    sources = {"pydoc": pydoc_texts(), "shakespeare": shakespeare_texts()}
-    chats = chat_prompts(args.prompts, seed=12345, sources=sources)
+    if args.set == "everyday":
+        categories, chats = zip(*everyday_prompts(), strict=True)
+        chats = list(chats)
+    else:
+        sources = {"pydoc": pydoc_texts(), "shakespeare": shakespeare_texts()}
+        chats = chat_prompts(args.prompts, seed=12345, sources=sources)
+        categories = ["corpus"] * len(chats)
     rows = []
     for spec in args.drafters.split(","):
         measured = held_out_acceptance(ckpt, spec, chats, args.new_tokens, args.device, args.k)
@@ -47,21 +74,28 @@ def main() -> None:
             row = {
                 "drafter": spec.replace(str(SHIPPED), "shipped"),
                 "temperature": temp,
-                "drafts_kept_per_verify": m["accepted_per_verify"],
-                "tokens_per_verify": m["tokens_per_target_step"],
-                "tokens": m["tokens"],
+                **summarise(m["by_prompt"]),
                 "drafted_equals_undrafted": m["drafted_equals_undrafted"],
             }
+            if args.set == "everyday":
+                row["by_category"] = {
+                    c: summarise(
+                        [b for b, cat in zip(m["by_prompt"], categories, strict=True) if cat == c]
+                    )
+                    for c in dict.fromkeys(categories)
+                }
             rows.append(row)
             print(json.dumps(row), flush=True)
     meta = {
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, {args.device}",
         "model": ckpt.source,
-        "prompts": f"{len(chats)} corpus chat prompts, seed 12345, one batch",
+        "prompts": f"{len(chats)} {args.set} chat prompts, one batch"
+        + (", seed 12345" if args.set == "corpus" else ""),
         "new_tokens": args.new_tokens,
         "k": args.k,
     }
-    out = Path(__file__).parent / "results" / f"drafter-acceptance-{args.device}.json"
+    name = "drafter-acceptance-" + ("everyday-" if args.set == "everyday" else "") + args.device
+    out = Path(__file__).parent / "results" / f"{name}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
 
 

@@ -525,6 +525,10 @@ def held_out_acceptance(
             "drafted_equals_undrafted": all(
                 a.token_ids == b.token_ids for a, b in zip(drafted, plain, strict=True)
             ),
+            # per prompt: (verify steps, drafts kept, tokens), for breakdowns by kind of prompt
+            "by_prompt": [
+                (c.num_target_steps - 1, c.num_accepted, len(c.token_ids)) for c in drafted
+            ],
         }
     return result
 
