@@ -56,6 +56,19 @@ def main() -> None:
         default=0,
         help="use N held-out corpus chat prompts (drafter/corpus.py, seed 12345) instead",
     )
+    ap.add_argument(
+        "--everyday",
+        type=int,
+        default=0,
+        help="use N prompts of the everyday held-out set (bench/data), one per category in turn",
+    )
+    ap.add_argument(
+        "--cost-aware",
+        choices=["on", "off", "both"],
+        default="on",
+        help="drafts chosen from measured costs (EngineConfig.cost_aware_drafts); both: each "
+        "drafter twice",
+    )
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
@@ -68,6 +81,14 @@ def main() -> None:
 
         sources = {"pydoc": pydoc_texts(), "shakespeare": shakespeare_texts()}
         chats = chat_prompts(args.chat_prompts, seed=12345, sources=sources)
+    if args.everyday:
+        from bench.drafter_acceptance import everyday_prompts
+
+        by_category: dict[str, list] = {}
+        for category, messages in everyday_prompts():
+            by_category.setdefault(category, []).append(messages)
+        rounds = zip(*by_category.values(), strict=False)  # one of each category, then again
+        chats = [m for r in rounds for m in r][: args.everyday]
     ref = [base.generate([chat], params)[0] for chat in chats]
     records = {tuple(o.prompt_ids): o.token_ids for o in ref}
     vocab = ckpt.config.vocab_size
@@ -86,9 +107,16 @@ def main() -> None:
         drafters["distilled+ngram"] = make_proposer(args.distilled + "+ngram", cfg, ckpt)
     if args.only:
         drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
+    policies = {"on": [True], "off": [False], "both": [False, True]}[args.cost_aware]
+    runs = [
+        (name if len(policies) == 1 else f"{name} cost-aware={'on' if aware else 'off'}", p, aware)
+        for name, p in drafters.items()
+        for aware in policies
+    ]
     results = {}
-    for name, proposer in drafters.items():
-        engine = build_engine(checkpoint=ckpt, config=cfg, proposer=proposer)
+    for name, proposer, aware in runs:
+        config = cfg.replace(cost_aware_drafts=aware)
+        engine = build_engine(checkpoint=ckpt, config=config, proposer=proposer)
         plain_s, drafted_s = [], []
         for i in range(args.repeats + 1):  # the first pair is a warm-up
             t_plain, _ = timed(base, chats, dataclasses.replace(params, draft=False))
@@ -112,12 +140,12 @@ def main() -> None:
             "runs_drafted_s": drafted_s,
         }
     print(
-        f"{'drafter':18} {'accept':>7} {'tok/fwd':>8} {'undrafted s':>12} {'drafted s':>10} {'speedup':>8} equal"
+        f"{'drafter':34} {'accept':>7} {'tok/fwd':>8} {'undrafted s':>12} {'drafted s':>10} {'speedup':>8} equal"
     )
     for name, r in results.items():
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         print(
-            f"{name:18} {acc:>7} {r['tokens_per_target_forward']:8.2f} {r['median_s_undrafted']:12.2f}"
+            f"{name:34} {acc:>7} {r['tokens_per_target_forward']:8.2f} {r['median_s_undrafted']:12.2f}"
             f" {r['median_s_drafted']:10.2f} {r['speedup']:7.2f}x {r['outputs_equal_undrafted']}"
         )
     meta = {
@@ -128,12 +156,16 @@ def main() -> None:
         "prompts": len(chats),
         "prompt_set": f"{args.chat_prompts} corpus chat prompts"
         if args.chat_prompts
+        else f"{args.everyday} everyday prompts"
+        if args.everyday
         else "built-in",
         "new_tokens": args.new_tokens,
         "num_draft_tokens": cfg.num_draft_tokens,
         "repeats": args.repeats,
     }
     tag = "" if not args.only else "-" + args.only.replace(",", "-")
+    tag += "-everyday" if args.everyday else ""
+    tag += "-cost-aware-both" if args.cost_aware == "both" else ""
     out = Path(__file__).parent / "results" / f"drafters{tag}-{args.device}.json"
     out.write_text(json.dumps({"meta": meta, "drafters": results}, indent=2) + "\n")
 

@@ -22,6 +22,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
 from lanes.config import EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
+from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
 from lanes.drafter import Proposer
 from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
@@ -124,6 +125,8 @@ class Engine:
         self._overlap = cfg.overlap if cfg.overlap is not None else cfg.device.startswith("cuda")
         self._inflight: InFlight | None = None
         self._last_round_end = clock()
+        self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
+        self._num_decoding = 0  # decode lanes of the round being planned
 
     @property
     def context_len(self) -> int:
@@ -222,6 +225,7 @@ class Engine:
             return ended
         host_seconds = self.clock() - host_start
         defer = self._overlap and not plan.prefill
+        drafter_before = self.metrics.drafter_seconds
         start = self.clock()
         plan, failed = self._fill_drafts_isolated(plan)
         ended += failed
@@ -250,6 +254,12 @@ class Engine:
             self.on_progress()
         seconds = self.clock() - start
         self._last_round_end = self.clock()
+        if num_prefill == 0 and plan.decode and self._inflight is None:  # a whole decode round
+            drafts = [len(s.draft_ids) for s in plan.decode]
+            drafter_seconds = self.metrics.drafter_seconds - drafter_before
+            self.draft_costs.record(
+                sum(drafts), max(drafts), seconds - drafter_seconds, drafter_seconds
+            )
         self.share.record(num_prefill, num_decode, seconds)
         self.metrics.achieved_prefill_share = self.share.achieved_share
         self.metrics.add(
@@ -311,6 +321,7 @@ class Engine:
         seconds = self.clock() - self._last_round_end
         self._last_round_end = self.clock()
         self.share.record(0, len(steps), seconds)
+        self.draft_costs.record(0, 0, seconds, 0.0)  # a plain round, as it runs overlapped
         self.metrics.add(
             RoundRecord(
                 prefill_tokens=0,
@@ -566,7 +577,22 @@ class Engine:
         k = self.config.num_draft_tokens
         if self.config.adaptive_drafts:
             k = choose_num_drafts(lane, k)
+            if self.config.cost_aware_drafts:
+                k = self._paying_drafts(lane, k)
         return max(0, min(k, room))
+
+    def _paying_drafts(self, lane: Lane, k: int) -> int:
+        """At most k drafts, as many as pay for themselves by the measured costs (see
+        lanes/draft_costs.py); plain rounds and one-token probes keep the costs measured."""
+        costs = self.draft_costs
+        if costs.forward is None or self.metrics.num_rounds % PLAIN_EVERY == PLAIN_EVERY - 1:
+            return 0  # this round measures what a round without drafts costs
+        if not costs.measured:
+            return k
+        best = costs.best_k(lane.acceptance_ema, k, max(1, self._num_decoding))
+        if best == 0 and lane.num_sampling_steps % PROBE_EVERY == 0:
+            return 1  # a probe: is this lane's acceptance still too low to pay?
+        return best
 
     def _fill_drafts(self, plan: LaneRound) -> LaneRound:
         """Ask the proposer for the planned draft slots; decode steps become verify steps."""
@@ -648,6 +674,7 @@ class Engine:
         cfg = self.config
         while True:
             num_decode = sum(lane.state is LaneState.DECODE for lane in self.running)
+            self._num_decoding = num_decode
             filling = any(lane.state is LaneState.FILL for lane in self.running)
             budget = self.share.prefill_budget(num_decode, filling)
             plan = plan_round(

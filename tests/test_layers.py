@@ -23,7 +23,7 @@ LAYERS = [
              "lanes.drafter.distill"]),
     ("build", ["lanes.build"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
-                "lanes.inflight"]),
+                "lanes.inflight", "lanes.draft_costs"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.parallel", "lanes.device_sampling"]),
     ("models", ["lanes.models"]),

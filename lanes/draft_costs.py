@@ -1,0 +1,72 @@
+"""Whether drafting pays: the measured costs of decode rounds, and the draft length that gives a
+lane the most tokens per second for its measured acceptance (k = 0: do not draft).
+
+A decode round with B lanes, D draft tokens verified in all and K drafter steps costs
+
+    seconds = forward + per_draft * D + per_draft_step * K
+
+forward: a round that verifies no drafts (as the engine runs it: overlapped on the GPU where it
+can be); per_draft: what each verified draft adds to the target's forward; per_draft_step: the
+drafter's time per step (one step serves every lane). If every lane drafts k tokens, each kept
+with probability a (the lane's running acceptance), the round yields B (1 - a^(k+1)) / (1 - a)
+tokens, so
+
+    rate(k) = B (1 + a + ... + a^k) / (forward + per_draft B k + per_draft_step k)
+
+and the engine drafts the k <= max_k with the best rate, none when rate(0) is best: drafting
+never makes a lane slower than the measured costs say it would. The costs are running averages
+of decode-only rounds; until a plain and a drafted round have both been measured, k follows the
+acceptance alone (speculation.choose_num_drafts). A lane that stopped drafting drafts one token
+every PROBE_EVERY rounds, and every PLAIN_EVERY-th round drafts nothing, so acceptance and the
+plain cost stay measured as they drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_EMA = 0.2  # weight of the newest round
+PROBE_EVERY = 16  # rounds between one-token probes of a lane that does not draft
+PLAIN_EVERY = 64  # rounds between rounds that draft nothing (they measure `forward`)
+MARGIN = 1.05  # drafting must promise this much more than not drafting
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EMA) * old + _EMA * new
+
+
+@dataclass
+class DraftCosts:
+    forward: float | None = None  # seconds of a decode round without drafts
+    per_draft: float | None = None  # seconds each verified draft token adds
+    per_draft_step: float | None = None  # seconds per drafter step
+
+    def record(
+        self, num_drafts: int, draft_steps: int, forward_seconds: float, drafter_seconds: float
+    ) -> None:
+        """One decode-only round: draft tokens verified, drafter steps run, the time of the
+        target's forward and sampling, and the drafter's time."""
+        if num_drafts == 0:
+            self.forward = _ema(self.forward, forward_seconds)
+            return
+        if draft_steps:
+            self.per_draft_step = _ema(self.per_draft_step, drafter_seconds / draft_steps)
+        if self.forward is not None:
+            extra = max(0.0, forward_seconds - self.forward) / num_drafts
+            self.per_draft = _ema(self.per_draft, extra)
+
+    @property
+    def measured(self) -> bool:
+        return self.forward is not None and self.per_draft_step is not None
+
+    def best_k(self, acceptance: float, max_k: int, num_lanes: int) -> int:
+        """The draft length with the most tokens per second (0: not drafting pays best)."""
+        assert self.forward is not None and self.per_draft_step is not None
+        best_k, best_rate = 0, num_lanes / self.forward * MARGIN
+        tokens = float(num_lanes)
+        for k in range(1, max_k + 1):
+            tokens += num_lanes * acceptance**k
+            cost = self.forward + ((self.per_draft or 0.0) * num_lanes + self.per_draft_step) * k
+            if tokens / cost > best_rate:
+                best_k, best_rate = k, tokens / cost
+        return best_k

@@ -1,0 +1,88 @@
+"""Drafting only where it pays (lanes/draft_costs.py): the choice of k from measured costs and
+acceptance, and an engine that stops drafting with a drafter that costs more than it saves —
+output unchanged either way."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.draft_costs import DraftCosts
+from lanes.drafter.replay import ReplayProposer
+
+
+def test_best_k_follows_costs_and_acceptance():
+    costs = DraftCosts(forward=10e-3, per_draft=0.0, per_draft_step=1e-3)
+    assert costs.best_k(0.9, 4, 1) == 4  # cheap drafts, mostly right: draft them all
+    assert costs.best_k(0.05, 4, 1) == 0  # almost never right: drafting only costs
+    slow = DraftCosts(forward=10e-3, per_draft=0.0, per_draft_step=12e-3)
+    assert slow.best_k(0.9, 4, 1) == 0  # a drafter step dearer than a target step
+    # per-draft cost grows with the lanes that verify drafts: more lanes, fewer drafts
+    busy = DraftCosts(forward=10e-3, per_draft=0.5e-3, per_draft_step=0.2e-3)
+    assert busy.best_k(0.6, 4, 1) > busy.best_k(0.6, 4, 64)
+
+
+def test_record_keeps_running_costs():
+    costs = DraftCosts()
+    assert not costs.measured
+    costs.record(0, 0, 0.010, 0.0)
+    costs.record(8, 4, 0.012, 0.004)
+    assert costs.measured
+    assert costs.forward == pytest.approx(0.010)
+    assert costs.per_draft_step == pytest.approx(0.001)
+    assert costs.per_draft == pytest.approx(0.00025)
+
+
+class SlowReplay(ReplayProposer):
+    """Replay drafts that take `delay` seconds to propose: a drafter dearer than it is worth."""
+
+    def __init__(self, *args, delay: float) -> None:
+        super().__init__(*args)
+        self.delay = delay
+
+    def propose(self, lanes, num_drafts):
+        time.sleep(self.delay)
+        return super().propose(lanes, num_drafts)
+
+
+@pytest.fixture(scope="module")
+def records(llama_dir):
+    engine = build_engine(str(llama_dir))
+    rng = random.Random(16)
+    prompts = [[rng.randrange(3, 380) for _ in range(n)] for n in (9, 33)]
+    params = SamplingParams(max_tokens=80, ignore_eos=True)
+    outs = engine.generate(prompts, params)
+    return prompts, params, {tuple(p): o.token_ids for p, o in zip(prompts, outs, strict=True)}
+
+
+def _drafted(llama_dir, records, proposer, cost_aware):
+    prompts, params, recorded = records
+    config = EngineConfig(cost_aware_drafts=cost_aware)
+    engine = build_engine(str(llama_dir), config, proposer=proposer)
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [recorded[tuple(p)] for p in prompts]
+    return engine, outs
+
+
+def test_a_drafter_that_does_not_pay_stops_drafting(llama_dir, records):
+    vocab = 384
+    _, _, recorded = records
+    naive, outs = _drafted(llama_dir, records, SlowReplay(recorded, 0.3, vocab, delay=0.03), False)
+    aware, outs2 = _drafted(llama_dir, records, SlowReplay(recorded, 0.3, vocab, delay=0.03), True)
+    drafted_naive = sum(o.num_drafted for o in outs)
+    drafted_aware = sum(o.num_drafted for o in outs2)
+    assert aware.draft_costs.measured
+    assert drafted_aware < drafted_naive / 3  # only the first rounds and the probes draft
+    assert drafted_aware > 0
+
+
+def test_a_drafter_that_pays_keeps_drafting(llama_dir, records):
+    _, _, recorded = records
+    engine, outs = _drafted(llama_dir, records, ReplayProposer(recorded, 1.0, 384), True)
+    steps = sum(o.num_target_steps for o in outs)
+    tokens = sum(len(o.token_ids) for o in outs)
+    assert engine.draft_costs.measured
+    assert tokens / steps > 3.0  # all but the plain rounds draft the full k of 4, all kept
