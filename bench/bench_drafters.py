@@ -1,6 +1,7 @@
 """Speculative decoding on one machine: every drafter against no drafter, batch 1.
 
-    python bench/bench_drafters.py [--model M] [--device cpu] [--new-tokens 64] [--repeats 3]
+    python -m bench.bench_drafters [--model M] [--device cpu] [--new-tokens 64] [--repeats 3]
+        [--everyday N] [--cost-aware on|off|both]
 
 For each drafter: acceptance, tokens per target forward, and the speedup over no drafter from
 medians of alternating runs (none, drafter, none, drafter, ...). Drafters: n-gram; a model
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument(
         "--cost-aware",
         choices=["on", "off", "both"],
-        default="on",
+        default="off",
         help="drafts chosen from measured costs (EngineConfig.cost_aware_drafts); both: each "
         "drafter twice",
     )

@@ -204,9 +204,10 @@ class EngineConfig:
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)
-    # with adaptive_drafts: k (0 = none) from measured round costs and acceptance, so drafting
-    # never costs a lane speed (lanes/draft_costs.py); False: from acceptance alone
-    cost_aware_drafts: bool = True
+    # with adaptive_drafts: k (0 = none) from measured round costs and acceptance
+    # (lanes/draft_costs.py). Off by default: on the CPU it drafted less where drafting paid
+    # (bench/RESULTS.md, "Everyday prompts"); False: k from acceptance alone
+    cost_aware_drafts: bool = False
     verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"
     draft_kv_cache_bytes: int = 128 * 2**20  # the model drafter's own KV pool
 

@@ -82,8 +82,7 @@ def test_no_kv_leak_through_accept_reject_cycles_and_cancellations(llama_dir):
             ckpt.first_layers(1), ckpt.tokenizer, EngineConfig(draft_kv_cache_bytes=2**17)
         ),
     ):
-        # cost_aware_drafts off: every round drafts, whatever a one-layer drafter costs here
-        config = EngineConfig(kv_cache_bytes=2**18, max_lanes=6, cost_aware_drafts=False)
+        config = EngineConfig(kv_cache_bytes=2**18, max_lanes=6)
         engine = build_engine(str(llama_dir), config, proposer=proposer)
         live: list[int] = []
         for _ in range(400):
