@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lanes.device_sampling import greedy_rows
 from lanes.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -88,11 +89,9 @@ def samples_on_device(params: SamplingParams) -> bool:
 
 
 def greedy_batch(logits: torch.Tensor) -> tuple[list[int], list[float]]:
-    """Every row of logits [R, vocab] decoded greedily in one launch: tokens and their
-    log-probabilities, read back in one copy."""
-    from lanes.kernels.sampling import greedy_tokens
-
-    tokens, logprobs = greedy_tokens(logits.contiguous())
+    """Every row of logits [R, vocab] decoded greedily in one launch (the Triton kernel): tokens
+    and their log-probabilities, read back in one copy."""
+    tokens, logprobs = greedy_rows(logits, use_triton=True)
     both = torch.stack([tokens.double(), logprobs.double()]).tolist()  # token ids < 2**53
     return [int(t) for t in both[0]], both[1]
 
