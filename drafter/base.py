@@ -3,22 +3,62 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
+    from lanes.device_sampling import DeviceChain
     from lanes.lane import Lane
     from lanes.rounds import Step
 
 
 @dataclass(frozen=True)
 class Draft:
-    token_ids: tuple[int, ...]
+    """Draft tokens, on the host (`token_ids`) or still on the device: rows `rows` of `source`
+    (a drafter that chains its steps there). The engine feeds device drafts to the verify
+    forward device to device and reads them back with the target's samples, in one copy."""
+
+    token_ids: tuple[int, ...] = ()
     # The drafter's sampling distribution at each drafted position [len, vocab] (log space), for
     # rejection-mode verification; None when the drafter proposes deterministically.
     logprobs: torch.Tensor | None = None
+    rows: tuple[int, ...] = ()
+    source: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.rows) if self.source is not None else len(self.token_ids)
+
+    def host_ids(self) -> tuple[int, ...]:
+        """The draft tokens on the host (a device read for device drafts)."""
+        if self.source is None:
+            return self.token_ids
+        values = self.source.tolist()
+        return tuple(int(values[r]) for r in self.rows)
+
+
+def collect_drafts(
+    request_ids: Sequence[int],
+    host: dict[int, list[int]],
+    logprobs: dict[int, list[torch.Tensor]],
+    chain: DeviceChain | None,
+) -> list[Draft]:
+    """The drafts of a drafter's k steps, by request: from the device chain when its steps
+    chained there (left on the device), else the tokens and logprobs sampled on the host."""
+    if chain is not None:
+        on_device = chain.drafts()
+        return [
+            Draft(rows=on_device[r][1], source=on_device[r][0]) if r in on_device else Draft()
+            for r in request_ids
+        ]
+    import torch
+
+    return [
+        Draft(tuple(host[r]), torch.stack(logprobs[r]) if logprobs[r] else None)
+        for r in request_ids
+    ]
 
 
 class Proposer:
@@ -28,7 +68,8 @@ class Proposer:
       a drafter with its own KV computes the same chunks, inside the same round (its time
       counts in the round's measured time, hence in the share allocator's cost model);
     - `propose(lanes, num_drafts)` once before the round's forwards: up to num_drafts[i] tokens
-      continuing lane i's known tokens (fewer, or none, is always allowed);
+      continuing lane i's known tokens (fewer, or none, is always allowed), on the host or left
+      on the device (`Draft.source`), so the host need not wait for the drafter's forwards;
     - `accepted(lane)` after the lane's drafts were verified: `lane.num_computed` says how much
       of the lane is now settled; state past it must be rolled back;
     - `release(lane)` when the lane ends or is preempted: drop everything kept for it;

@@ -49,7 +49,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
 from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.device_sampling import DeviceChain
-from lanes.drafter.base import Draft, Proposer
+from lanes.drafter.base import Draft, Proposer, collect_drafts
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
 from lanes.rounds import Step
@@ -337,12 +337,8 @@ class EagleDrafter(Proposer):
                         Step(shadow, r, r + 1, num_logits=1, features=feature, **follow)
                     )
             steps = next_steps
-        if on_device:
-            drafts.update(chain.read())
-        return [
-            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if logprobs[rid] else None)
-            for rid in (lane.request_id for lane in lanes)
-        ]
+        ids = [lane.request_id for lane in lanes]
+        return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 
     def accepted(self, lane: Lane) -> None:
         shadow = self.shadows.get(lane.request_id)

@@ -33,7 +33,7 @@ class HybridProposer(Proposer):
 
     def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
         found = self.lookup.propose(lanes, num_drafts)
-        rest = [i for i, d in enumerate(found) if not d.token_ids]
+        rest = [i for i, d in enumerate(found) if not d.num_tokens]
         if rest:
             drafted = self.head.propose([lanes[i] for i in rest], [num_drafts[i] for i in rest])
             for i, d in zip(rest, drafted, strict=True):

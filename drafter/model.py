@@ -13,7 +13,7 @@ from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
 from lanes.config import ConfigError, EngineConfig
 from lanes.device_sampling import DeviceChain
-from lanes.drafter.base import Draft, Proposer
+from lanes.drafter.base import Draft, Proposer, collect_drafts
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.rounds import Step
@@ -164,12 +164,8 @@ class ModelDrafter(Proposer):
                 if j + 1 < wanted[lane.request_id]:
                     next_steps.append(Step(shadow, position, position + 1, num_logits=1, **follow))
             steps = next_steps
-        if on_device:
-            drafts.update(chain.read())
-        return [
-            Draft(tuple(drafts[rid]), torch.stack(logprobs[rid]) if logprobs[rid] else None)
-            for rid in (lane.request_id for lane in lanes)
-        ]
+        ids = [lane.request_id for lane in lanes]
+        return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 
     def accepted(self, lane: Lane) -> None:
         shadow = self.shadows.get(lane.request_id)

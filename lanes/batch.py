@@ -76,21 +76,27 @@ def fill_pending(
     steps: Sequence[Step],
     previous_tokens: torch.Tensor | None,
 ) -> None:
-    """Overwrite, on the device, the first input row of each step with a `pending_row` by that
-    row of previous_tokens: the host never waits for a token the device already has."""
-    where = [
-        (row, s.pending_row)
-        for row, s in zip(first_rows, steps, strict=True)
-        if s.pending_row is not None
-    ]
-    if not where:
-        return
-    if previous_tokens is None:
-        raise ValueError("steps with pending rows need the previous forward's tokens")
-    rows, src = zip(*where, strict=True)
-    n = len(rows)
-    if rows == src == tuple(range(n)):  # steady decode: row i reads sample i, one copy
-        input_ids[:n].copy_(previous_tokens[:n])
-        return
-    index = torch.tensor([rows, src], dtype=torch.int64).to(input_ids.device, non_blocking=True)
-    input_ids.index_copy_(0, index[0], previous_tokens.index_select(0, index[1]))
+    """Overwrite, on the device, the input rows whose tokens the host does not have: the first
+    row of each step with a `pending_row` (that row of previous_tokens) and the drafts of each
+    step with `draft_rows` (those rows of its `draft_source`). The host never waits for a token
+    the device already has."""
+    sources: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}  # id -> (src, rows, from)
+    for row, s in zip(first_rows, steps, strict=True):
+        if s.pending_row is not None:
+            if previous_tokens is None:
+                raise ValueError("steps with pending rows need the previous forward's tokens")
+            entry = sources.setdefault(id(previous_tokens), (previous_tokens, [], []))
+            entry[1].append(row)
+            entry[2].append(s.pending_row)
+        if s.draft_source is not None:
+            entry = sources.setdefault(id(s.draft_source), (s.draft_source, [], []))
+            first_draft = row + s.num_tokens - len(s.draft_rows)
+            entry[1].extend(range(first_draft, first_draft + len(s.draft_rows)))
+            entry[2].extend(s.draft_rows)
+    for source, rows, src in sources.values():
+        n = len(rows)
+        if rows == src == list(range(n)):  # steady decode: row i reads sample i, one copy
+            input_ids[:n].copy_(source[:n])
+            continue
+        index = torch.tensor([rows, src], dtype=torch.int64).to(input_ids.device, non_blocking=True)
+        input_ids.index_copy_(0, index[0], source.index_select(0, index[1]))

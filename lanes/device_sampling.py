@@ -21,9 +21,21 @@ def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, t
     return greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
 
 
+def to_host(*tensors: torch.Tensor) -> list[list[float]]:
+    """1-D device tensors read back in one copy, as float64 (exact for token ids < 2**53)."""
+    if not tensors:
+        return []
+    values = torch.cat([t.reshape(-1).double() for t in tensors]).tolist()
+    out, i = [], 0
+    for t in tensors:
+        out.append(values[i : i + t.numel()])
+        i += t.numel()
+    return out
+
+
 class DeviceChain:
     """Draft tokens made one forward after another on the device, each forward reading the one
-    before's tokens (Step.pending_row), and read back to the host once at the end."""
+    before's tokens (Step.pending_row), and left there for the verify forward (`drafts`)."""
 
     def __init__(self, use_triton: bool) -> None:
         self.use_triton = use_triton
@@ -39,15 +51,16 @@ class DeviceChain:
         self._parts.append((tokens, keys))
         return tokens
 
-    def read(self) -> dict[int, list[int]]:
-        """Every lane's tokens in draft order, in one copy to the host."""
-        out: dict[int, list[int]] = {}
+    def drafts(self) -> dict[int, tuple[torch.Tensor, tuple[int, ...]]]:
+        """Every lane's tokens left on the device: (source [all tokens], the lane's rows of it
+        in draft order). Nothing waits for the drafter's forwards."""
         if not self._parts:
-            return out
-        values = torch.cat([t for t, _ in self._parts]).tolist()
+            return {}
+        source = torch.cat([t for t, _ in self._parts])
+        rows: dict[int, list[int]] = {}
         i = 0
         for _, keys in self._parts:
             for key in keys:
-                out.setdefault(key, []).append(values[i])
+                rows.setdefault(key, []).append(i)
                 i += 1
-        return out
+        return {key: (source, tuple(r)) for key, r in rows.items()}

@@ -22,6 +22,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
 from lanes.config import EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
+from lanes.device_sampling import greedy_rows, to_host
 from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
 from lanes.drafter import Proposer
 from lanes.inflight import InFlight, launch_greedy
@@ -35,7 +36,6 @@ from lanes.share import ShareAllocator
 from lanes.speculation import (
     choose_num_drafts,
     coupled_from_samples,
-    greedy_batch,
     record_verify,
     samples_on_device,
     verify,
@@ -255,7 +255,7 @@ class Engine:
         seconds = self.clock() - start
         self._last_round_end = self.clock()
         if num_prefill == 0 and plan.decode and self._inflight is None:  # a whole decode round
-            drafts = [len(s.draft_ids) for s in plan.decode]
+            drafts = [s.num_drafted for s in plan.decode]
             drafter_seconds = self.metrics.drafter_seconds - drafter_before
             self.draft_costs.record(
                 sum(drafts), max(drafts), seconds - drafter_seconds, drafter_seconds
@@ -451,7 +451,7 @@ class Engine:
     def _run_forward(self, steps: Sequence[Step]) -> list[Completion]:
         logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
         hidden = self.runner.last_hidden if self._observing else None
-        sampled = self._sample_on_device(steps, logits)
+        sampled, steps = self._read_back(steps, logits)
         ended = []
         row = hidden_row = 0
         now = None if sampled is None else self.clock()  # sampled: the read-back has synced
@@ -481,29 +481,52 @@ class Engine:
                 ended.append(done)
         return ended
 
-    def _sample_on_device(
+    def _read_back(
         self, steps: Sequence[Step], logits: torch.Tensor
-    ) -> tuple[list[int], list[float]] | None:
-        """With the Triton kernels, the rows of every lane that samples on the device (greedy) are
-        sampled in one launch and read back in one copy: (tokens, logprobs) by logits row, None
-        for other rows. None: no row samples on the device."""
-        if self.ops.name != "triton":
-            return None
+    ) -> tuple[tuple[list, list] | None, list[Step]]:
+        """What the host needs of a forward, in one copy: with the Triton kernels, the rows of
+        every lane that samples on the device (greedy), sampled in one launch; and the drafts of
+        verify steps whose drafts are still on the device. Returns (tokens, logprobs) by logits
+        row (None for rows not sampled here; None: no row was), and the steps with their draft
+        ids on the host."""
         where = []  # logits rows the device samples
         row = 0
         for s in (s for s in steps if s.samples):
-            if samples_on_device(s.lane.params):
+            if self.ops.name == "triton" and samples_on_device(s.lane.params):
                 where += range(row, row + s.num_logits)
             row += s.num_logits
+        sources = list(
+            {
+                id(s.draft_source): s.draft_source for s in steps if s.draft_source is not None
+            }.values()
+        )
+        if not where and not sources:
+            return None, list(steps)
+        parts = []
+        if where:
+            rows = logits
+            if len(where) < logits.shape[0]:
+                rows = logits[torch.tensor(where).to(logits.device, non_blocking=True)]
+            parts += greedy_rows(rows, use_triton=True)
+        values = to_host(*parts, *sources)
+        by_source = {id(src): v for src, v in zip(sources, values[len(parts) :], strict=True)}
+        steps = [
+            s
+            if s.draft_source is None
+            else dataclasses.replace(
+                s,
+                draft_ids=tuple(int(by_source[id(s.draft_source)][r]) for r in s.draft_rows),
+                draft_rows=(),
+                draft_source=None,
+            )
+            for s in steps
+        ]
         if not where:
-            return None
-        if len(where) < logits.shape[0]:
-            logits = logits[torch.tensor(where, device=logits.device)]
-        tokens, logprobs = greedy_batch(logits)
+            return None, steps
         by_row: tuple[list, list] = ([None] * row, [None] * row)
         for i, r in enumerate(where):
-            by_row[0][r], by_row[1][r] = tokens[i], logprobs[i]
-        return by_row
+            by_row[0][r], by_row[1][r] = int(values[0][i]), values[1][i]
+        return by_row, steps
 
     def _verify_on_host(
         self, s: Step, rows: torch.Tensor
@@ -605,10 +628,19 @@ class Engine:
         decode = []
         for s in plan.decode:
             d = by_lane.get(id(s.lane))
-            if d is None or not d.token_ids:
+            if d is None or not d.num_tokens:
                 decode.append(s)
                 continue
-            ids = d.token_ids[: s.num_drafts]
+            if d.source is not None and self.comm is None:  # fed to the verify on the device
+                rows = d.rows[: s.num_drafts]
+                on_device = {"draft_rows": rows, "draft_source": d.source}
+                decode.append(
+                    dataclasses.replace(
+                        s, end=s.end + len(rows), num_logits=1 + len(rows), **on_device
+                    )
+                )
+                continue
+            ids = d.host_ids()[: s.num_drafts]
             lp = d.logprobs[: len(ids)] if d.logprobs is not None else None
             decode.append(
                 dataclasses.replace(

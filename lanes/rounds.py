@@ -44,6 +44,11 @@ class Step:
     # Overlap: the step's first token is row `pending_row` of the previous forward's samples,
     # still on the device (the lane does not know it yet); the runner copies it device to device.
     pending_row: int | None = None
+    # Drafts still on the device (Draft.source): the step's last len(draft_rows) tokens are
+    # those rows of `draft_source`, copied device to device; draft_ids stays empty until the
+    # engine reads them back with the verify forward's samples.
+    draft_rows: tuple[int, ...] = ()
+    draft_source: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -53,11 +58,18 @@ class Step:
     def samples(self) -> bool:
         return self.num_logits > 0
 
+    @property
+    def num_drafted(self) -> int:
+        return len(self.draft_rows) if self.draft_source is not None else len(self.draft_ids)
+
     def token_ids(self) -> list[int]:
-        """The step's input ids; a pending first token reads 0 here (the runner fills it in)."""
+        """The step's input ids; a pending first token and device drafts read 0 here (the runner
+        fills them in)."""
         ids = self.lane.token_ids(self.start, min(self.end, self.lane.num_known)) + list(
             self.draft_ids
         )
+        if self.draft_source is not None:
+            ids += [0] * len(self.draft_rows)
         if self.pending_row is not None:
             ids = [0, *ids]
         if len(ids) != self.num_tokens:

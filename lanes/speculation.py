@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lanes.device_sampling import greedy_rows
 from lanes.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -86,14 +85,6 @@ def samples_on_device(params: SamplingParams) -> bool:
     bisection takes 0.4-1.2 ms per row on a 49K-128K vocabulary (H200), more than it saves.
     The choice depends on the lane's parameters alone, so each lane always takes one path."""
     return params.is_greedy and params.top_logprobs == 0
-
-
-def greedy_batch(logits: torch.Tensor) -> tuple[list[int], list[float]]:
-    """Every row of logits [R, vocab] decoded greedily in one launch (the Triton kernel): tokens
-    and their log-probabilities, read back in one copy."""
-    tokens, logprobs = greedy_rows(logits, use_triton=True)
-    both = torch.stack([tokens.double(), logprobs.double()]).tolist()  # token ids < 2**53
-    return [int(t) for t in both[0]], both[1]
 
 
 def coupled_from_samples(

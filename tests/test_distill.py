@@ -97,8 +97,8 @@ def test_eagle_drafts_match_training_passes(tiny_models, tmp_path, layers):
 
     def recording(lanes, num_drafts):
         drafts = propose(lanes, num_drafts)
-        assert len(drafts[0].token_ids) == num_drafts[0]
-        seen.append((lanes[0].all_ids(), drafts[0].token_ids))
+        assert len(drafts[0].host_ids()) == num_drafts[0]
+        seen.append((lanes[0].all_ids(), drafts[0].host_ids()))
         return drafts
 
     engine.proposer.propose = recording
@@ -153,8 +153,8 @@ def test_hybrid_head_catches_up_after_lookup_rounds(tiny_models, tmp_path):
 
             def recording(lanes, num_drafts, propose=part.propose, name=name):
                 drafts = propose(lanes, num_drafts)
-                if drafts[0].token_ids:
-                    rounds.append((name, lanes[0].all_ids(), drafts[0].token_ids))
+                if drafts[0].num_tokens:
+                    rounds.append((name, lanes[0].all_ids(), drafts[0].host_ids()))
                 return drafts
 
             part.propose = recording
@@ -209,7 +209,7 @@ def _drafts_of_two_runs(target_dir, out, drafter_cache: bool, prompt_len: int = 
 
     def recording(lanes, num_drafts):
         drafts = propose(lanes, num_drafts)
-        calls.append(drafts[0].token_ids)
+        calls.append(drafts[0].host_ids())
         return drafts
 
     engine.proposer.propose = recording

@@ -156,3 +156,29 @@ def test_drafter_with_other_tokenizer_is_refused(target_dir, tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ConfigError, match="different ids"):
         build_engine(str(target_dir), EngineConfig(drafter=str(other)))
+
+
+def test_device_drafts_feed_the_verify_forward(target_dir, undrafted):
+    """A drafter that chains its steps on the device leaves its drafts there; the verify forward
+    reads them device to device and the host reads them back with the target's samples. The
+    self-drafter keeps every draft only if each verify row held the right draft (negative
+    control: drafts written one row early into the verify input fail here and above)."""
+    ckpt = open_checkpoint(str(target_dir))
+    engine = build_engine(
+        str(target_dir),
+        EngineConfig(num_draft_tokens=4, adaptive_drafts=False),
+        proposer=ModelDrafter(ckpt, ckpt.tokenizer, EngineConfig()),
+    )
+    fill, on_device = engine._fill_drafts, []
+
+    def recording(plan):
+        plan = fill(plan)
+        on_device.extend(s.draft_source is not None for s in plan.decode)
+        return plan
+
+    engine._fill_drafts = recording
+    outs = engine.generate(PROMPTS, GREEDY)
+    assert on_device and all(on_device)
+    for p, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == undrafted["greedy"][tuple(p)].token_ids
+        assert out.num_accepted == out.num_drafted > 0

@@ -62,7 +62,7 @@ def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
 
         def recording(lanes, num_drafts, propose=propose, drafts=drafts):
             made = propose(lanes, num_drafts)
-            drafts.append([d.token_ids for d in made])
+            drafts.append([d.host_ids() for d in made])
             return made
 
         engine.proposer.propose = recording

@@ -126,15 +126,15 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     log-softmax of the same logits, and seeded rows (host path) still reproduce."""
     import dataclasses
 
-    import lanes.speculation
+    import lanes.engine
     from lanes import EngineConfig, SamplingParams, build_engine
     from lanes.drafter.replay import ReplayProposer
     from lanes.sampling import sampling_logprobs
 
     launches = []
-    greedy_batch = lanes.speculation.greedy_batch
+    greedy_rows = lanes.engine.greedy_rows
     monkeypatch.setattr(
-        "lanes.engine.greedy_batch", lambda *a: launches.append(1) or greedy_batch(*a)
+        "lanes.engine.greedy_rows", lambda *a, **k: launches.append(1) or greedy_rows(*a, **k)
     )
     path, _ = tiny_models["llama"]
     engine = build_engine(
