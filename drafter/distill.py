@@ -38,6 +38,7 @@ from lanes import build_engine
 from lanes.config import EngineConfig, ModelConfig
 from lanes.drafter.corpus import chat_examples, pydoc_texts, shakespeare_texts
 from lanes.drafter.eagle import FUSE, REDUCE, VOCAB
+from lanes.drafter.everyday import everyday_prompts
 from lanes.drafter.teacher import DenseTarget, Example
 from lanes.models import Checkpoint, open_checkpoint
 from lanes.models.rope import rope_tables
@@ -118,6 +119,50 @@ def teacher_data(
         f"after {time.perf_counter() - started:.1f} s"
     )
     return data
+
+
+def target_writer(teacher: DenseTarget, tok, batch: int, seed: int):
+    """The target as drafter.everyday's writer: chats in, the target's reply texts out, in
+    batches of similar prompt lengths."""
+    generator = torch.Generator(teacher.device).manual_seed(seed + 1)
+
+    def generate(chats: list[list[dict]], max_new_tokens: int, temperature: float) -> list[str]:
+        ids = [tok.encode_chat(c) for c in chats]
+        fits = teacher.cfg.max_position_embeddings - max_new_tokens
+        order = sorted(
+            (i for i in range(len(ids)) if len(ids[i]) <= fits), key=lambda i: len(ids[i])
+        )
+        texts = [""] * len(ids)  # a chat too long for the context gets no reply
+        for at in range(0, len(order), batch):
+            group = order[at : at + batch]
+            made = teacher.generate(
+                [ids[i] for i in group], max_new_tokens, [temperature] * len(group), generator
+            )
+            for i, seq in zip(group, made, strict=True):
+                texts[i] = tok.decode(seq[len(ids[i]) :], skip_special_tokens=True)
+        return texts
+
+    return generate
+
+
+def read_or_write_everyday(
+    path: Path | None, count: int, generate, seed: int, log
+) -> list[list[dict]]:
+    """`count` everyday prompts: read from `path` when it holds them, else written by the target
+    (and saved to `path`)."""
+    if path is not None and Path(path).is_file():
+        chats = json.loads(Path(path).read_text())["prompts"][:count]
+        if len(chats) == count:
+            log(f"everyday: {count} prompts read from {path}")
+            return chats
+    if not count:
+        return []
+    started = time.perf_counter()
+    chats = everyday_prompts(count, generate, seed)
+    log(f"everyday: {count} prompts written by the target in {time.perf_counter() - started:.1f} s")
+    if path is not None:
+        Path(path).write_text(json.dumps({"seed": seed, "prompts": chats}) + "\n")
+    return chats
 
 
 def feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -362,10 +407,14 @@ def distill(
     answers_file: Path | None = None,
     answers_only: bool = False,
     features: str = "layers",
+    everyday: int = 0,
+    everyday_file: Path | None = None,
     log=print,
 ) -> dict:
     """features: "layers" (the target's low, middle and final layers, see feature_layers) or
-    "final" (its final-norm output alone)."""
+    "final" (its final-norm output alone). everyday: that many more prompts, written by the
+    target from seed topics (drafter/everyday.py), all answered by it; everyday_file keeps them
+    (read back when it exists), so a later run answers or trains on the same prompts."""
     torch.manual_seed(seed)
     started = time.perf_counter()
     target = open_checkpoint(target_spec)
@@ -380,10 +429,18 @@ def distill(
     if answers_only and answers_file is None:
         raise ValueError("--answers-only needs --answers FILE")
     tok = target.tokenizer
-    prompts = [tok.encode_chat(messages) for messages, _ in train]
     teacher = DenseTarget(
         target, device, torch.bfloat16 if device.startswith("cuda") else torch.float32
     )
+    chats = read_or_write_everyday(
+        everyday_file, everyday, target_writer(teacher, tok, teacher_batch, seed), seed, log
+    )
+    # the everyday prompts come first: all of them are answered (those that fit the context)
+    fits = tcfg.max_position_embeddings - new_tokens
+    chats = [c for c in chats if len(tok.encode_chat(c)) <= fits]
+    prompts = [tok.encode_chat(messages) for messages in chats]
+    prompts += [tok.encode_chat(messages) for messages, _ in train]
+    num_answered += len(chats)
     answers = teacher_answers(
         teacher,
         prompts[:num_answered],
@@ -399,7 +456,9 @@ def distill(
     # the cheaper sequences: a prompt followed by the source text that comes after its snippet
     texts = [
         p + tok.encode(following, add_special_tokens=False)
-        for p, (_, following) in zip(prompts[num_answered:], train[num_answered:], strict=True)
+        for p, (_, following) in zip(
+            prompts[num_answered:], train[num_answered - len(chats) :], strict=True
+        )
     ]
     if features not in ("layers", "final"):
         raise ValueError(f"features must be 'layers' or 'final', not {features!r}")
@@ -457,7 +516,8 @@ def distill(
         "target_fingerprint": target.fingerprint,
         "shared_with_target": ["model.embed_tokens.weight"],
         "draft_vocab": len(vocab),
-        "train_sequences": len(train),
+        "train_sequences": len(train) + len(chats),
+        "everyday_prompts": len(chats),
         "answered_by_target": len(answered),
         "answered_tokens": sum(len(ex.ids) for ex in answered),
         "answered_share_of_batch": answered_share,

@@ -175,6 +175,8 @@ def _distill(args: argparse.Namespace) -> int:
         answers_file=Path(args.answers) if args.answers else None,
         answers_only=args.answers_only,
         features=args.features,
+        everyday=args.everyday,
+        everyday_file=Path(args.everyday_file) if args.everyday_file else None,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     summary = {k: v for k, v in report.items() if k != "losses"}
@@ -271,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="layers",
         choices=["layers", "final"],
         help="target features the drafter reads: low+middle+final layers, or the final alone",
+    )
+    dist.add_argument(
+        "--everyday",
+        type=int,
+        default=0,
+        help="more prompts, written by the target from seed topics, all answered",
+    )
+    dist.add_argument(
+        "--everyday-file", default=None, help="JSON file keeping the everyday prompts (reread)"
     )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)

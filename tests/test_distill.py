@@ -37,8 +37,15 @@ def test_distill_toy(tiny_models, tmp_path):
         draft_vocab=64,
         snippet_chars=60,
         corpus=("pydoc",),
+        everyday=6,
+        everyday_file=tmp_path / "everyday.json",
         log=lambda m: None,
     )
+    # the tiny model's 256-token context drops the longest chats
+    assert 3 <= report["everyday_prompts"] <= 6
+    assert report["answered_by_target"] == 4 + report["everyday_prompts"]
+    written = json.loads((tmp_path / "everyday.json").read_text())["prompts"]
+    assert len(written) == 6 and all(c[-1]["role"] == "user" for c in written)
     losses = report["losses"]
     assert sum(losses[-5:]) < sum(losses[:5])  # it learned something
     saved = json.loads((out / "drafter.json").read_text())
