@@ -43,8 +43,20 @@ class CostedReplay(Proposer):
         self.drafter.prefill(steps)
 
     def propose(self, lanes, num_drafts) -> list[Draft]:
-        self.drafter.propose(lanes, num_drafts)  # spent for its time; its tokens are dropped
-        return self.replay.propose(lanes, num_drafts)
+        made = self.drafter.propose(lanes, num_drafts)  # spent for its time; tokens dropped
+        replayed = self.replay.propose(lanes, num_drafts)
+        on_device = next((d.source for d in made if d.source is not None), None)
+        if on_device is None:
+            return replayed
+        # The drafter left its drafts on the device: so do these, so that the round waits for
+        # the device as it does with the drafter's own drafts (the verify reads them there).
+        flat = [t for d in replayed for t in d.token_ids]
+        source = torch.tensor(flat, dtype=torch.int64).to(on_device.device, non_blocking=True)
+        drafts, at = [], 0
+        for d in replayed:
+            drafts.append(Draft(rows=tuple(range(at, at + len(d.token_ids))), source=source))
+            at += len(d.token_ids)
+        return drafts
 
     def accepted(self, lane):
         self.drafter.accepted(lane)
