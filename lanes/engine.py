@@ -277,24 +277,32 @@ class Engine:
     # ---- overlapped rounds (lanes/inflight.py) ---------------------------------------------
 
     def _overlappable(self, s: Step) -> bool:
-        """A step whose round can overlap the next: one greedy decode token, no drafts, no
-        top_logprobs (sampled on the device), single process."""
+        """A step whose round can overlap the next: one greedy decode token, no drafts this
+        round, no top_logprobs (sampled on the device), single process."""
         p = s.lane.params
         return (
             s.num_tokens == 1
             and s.num_logits == 1
-            and not s.draft_ids
-            and not self._drafting(s.lane)  # a drafter reads the lane's newest token on the host
+            and s.num_drafted == 0
             and p.is_greedy
             and p.top_logprobs == 0
             and self.comm is None
         )
 
+    def _launch(self, steps: Sequence[Step], logits: torch.Tensor) -> InFlight:
+        """Sample a forward's logits on the device, leaving the tokens in flight; an EAGLE-style
+        drafter's features of the forward travel with them (copied: the next forward reuses the
+        buffer), to be observed when the tokens are taken."""
+        hidden = None
+        if self._observing and any(self._drafting(s.lane) for s in steps):
+            hidden = self.runner.last_hidden[: len(steps)].clone()
+        return launch_greedy(steps, logits, self.ops.name == "triton", hidden)
+
     def _launch_deferred(self, group: tuple[Step, ...]) -> list[Completion]:
         """Run the forward and sample it on the device; its tokens are taken next step."""
         try:
             logits = self.runner.execute(group)
-            self._inflight = launch_greedy(group, logits, self.ops.name == "triton")
+            self._inflight = self._launch(group, logits)
             return []
         except Exception:
             log.exception("a deferred decode forward failed; running it synchronously")
@@ -310,7 +318,7 @@ class Engine:
             steps = self._steps_on_top(last)
             if steps:
                 logits = self.runner.execute(steps, previous_tokens=last.tokens)
-                self._inflight = launch_greedy(steps, logits, self.ops.name == "triton")
+                self._inflight = self._launch(steps, logits)
         except Exception:  # the planned round reruns these lanes with its own boundaries
             log.exception("launching a round on top of the previous one failed")
             self._inflight = None
@@ -342,6 +350,8 @@ class Engine:
         live = [(i, s) for i, s in enumerate(last.steps) if not s.lane.is_finished]
         if self.waiting or len(live) != len(self.running):
             return ()
+        if any(self._num_drafts(s.lane) for _, s in live):  # a drafter needs the newest token
+            return ()
         steps = [
             Step(s.lane, s.end, s.end + 1, num_logits=1, pending_row=i)
             for i, s in live
@@ -360,11 +370,12 @@ class Engine:
         tokens, logprobs = last.results()
         now = self.clock()
         ended = []
-        for s, token, logprob in zip(last.steps, tokens, logprobs, strict=True):
+        for i, (s, token, logprob) in enumerate(zip(last.steps, tokens, logprobs, strict=True)):
             if s.lane.is_finished:
                 continue
+            hidden = None if last.hidden is None else last.hidden[i : i + 1]
             try:
-                done = self._take_tokens(s, [(token, logprob, None)], None, now)
+                done = self._take_tokens(s, [(token, logprob, None)], hidden, now)
             except Exception as e:
                 ended.append(self._fail(s.lane, e))
                 continue

@@ -28,6 +28,7 @@ class InFlight:
     tokens: torch.Tensor  # [num_steps] int64 on the device: what the next round reads
     host: torch.Tensor  # [2, num_steps] float64 (pinned on CUDA): tokens, logprobs, once ready
     ready: torch.cuda.Event | None  # the copy to `host` is done; None: it was synchronous
+    hidden: torch.Tensor | None = None  # [num_steps, features]: what a drafter observes, or None
 
     def results(self) -> tuple[list[int], list[float]]:
         """(tokens, logprobs) by step; waits for this forward alone, not for later launches."""
@@ -37,15 +38,20 @@ class InFlight:
         return [int(t) for t in tokens], logprobs
 
 
-def launch_greedy(steps: Sequence[Step], logits: torch.Tensor, use_triton: bool) -> InFlight:
+def launch_greedy(
+    steps: Sequence[Step],
+    logits: torch.Tensor,
+    use_triton: bool,
+    hidden: torch.Tensor | None = None,
+) -> InFlight:
     """Greedy tokens of logits [num_steps, vocab] (one row per step) and their log-softmax, left
     on the device, with one asynchronous copy to the host."""
     tokens, logprobs = greedy_rows(logits, use_triton)
     both = torch.stack([tokens.double(), logprobs.double()])  # token ids < 2**53: exact
     if not both.is_cuda:
-        return InFlight(tuple(steps), tokens, both, None)
+        return InFlight(tuple(steps), tokens, both, None, hidden)
     host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
     host.copy_(both, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return InFlight(tuple(steps), tokens, host, ready)
+    return InFlight(tuple(steps), tokens, host, ready, hidden)

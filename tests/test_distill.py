@@ -121,6 +121,39 @@ def test_eagle_drafts_match_training_passes(tiny_models, tmp_path, layers):
     )
 
 
+def test_eagle_head_observes_overlapped_rounds(tiny_models, tmp_path):
+    """Rounds in which a drafting lane drafts nothing run overlapped (lanes/inflight.py); the
+    head still gets the target's features of those rounds, so its later drafts are exactly the
+    training passes over the whole text (negative control: without the features carried by
+    the in-flight round they are not), and the output equals the undrafted one."""
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    head = _random_head(target_dir, out, 256, (0, 1))
+    cfg = EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False, overlap=True)
+    engine = build_engine(str(target_dir), cfg)
+    engine._num_drafts = lambda lane: 3 if lane.num_known % 6 < 2 else 0  # mostly plain rounds
+    seen = []
+    propose = engine.proposer.propose
+
+    def recording(lanes, num_drafts):
+        drafts = propose(lanes, num_drafts)
+        seen.append((lanes[0].all_ids(), drafts[0].host_ids()))
+        return drafts
+
+    engine.proposer.propose = recording
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    (got,) = engine.generate(["one two three four"], params)
+    (plain,) = build_engine(str(target_dir)).generate(
+        ["one two three four"], dataclasses.replace(params, draft=False)
+    )
+    assert got.token_ids == plain.token_ids
+    assert engine.metrics.num_overlapped_rounds > 0 and len(seen) >= 2
+    scorer = build_engine(str(target_dir))
+    scorer.runner.decoder.feature_layers = (0, 1)
+    for known, drafts in seen:
+        assert drafts == _training_drafts(head, scorer, known, drafts)
+
+
 def _training_drafts(head, scorer, known, drafts, shift=False):
     """The argmax of the training passes over known + drafts with the target's features of
     `known` (rolled one row with `shift`: the negative control)."""
