@@ -32,12 +32,18 @@ from lanes.drafter.replay import ReplayProposer
 
 
 class CostedReplay(Proposer):
-    """Replay drafts (controlled acceptance) that cost what a real drafter's forwards cost."""
+    """Replay drafts (controlled acceptance) that cost what a real drafter's forwards cost (a
+    model drafter, or an EAGLE-style head, which observes the target's features as usual)."""
 
     name = "costed-replay"
 
-    def __init__(self, replay: ReplayProposer, drafter: ModelDrafter) -> None:
+    def __init__(self, replay: ReplayProposer, drafter: Proposer) -> None:
         self.replay, self.drafter = replay, drafter
+        self.uses_target_hidden = drafter.uses_target_hidden
+        self.target_feature_layers = drafter.target_feature_layers
+
+    def observe(self, lane, start, hidden):
+        self.drafter.observe(lane, start, hidden)
 
     def prefill(self, steps):
         self.drafter.prefill(steps)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from lanes.drafter.base import Draft, Proposer
 from lanes.lane import Lane
-from lanes.sampling import uniform_noise
+from lanes.sampling import uniform_at
 
 _STREAM_REPLAY = 3
 
@@ -35,7 +35,7 @@ class ReplayProposer(Proposer):
             for j in range(min(k, len(record) - first)):
                 right = record[first + j]
                 # A pure function of (seed, position): the same drafts whatever the batch.
-                u = float(uniform_noise(lane.params.seed, lane.num_known + j, 1, _STREAM_REPLAY)[0])
+                u = uniform_at(lane.params.seed, lane.num_known + j, _STREAM_REPLAY)
                 tokens.append(right if u < self.acceptance else (right + 1) % self.vocab_size)
             drafts.append(Draft(tuple(tokens)))
         return drafts

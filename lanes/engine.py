@@ -122,7 +122,9 @@ class Engine:
         self._cancel_requested: set[int] = set()
         self._ids = itertools.count()
         # overlapped rounds: the launched decode round whose tokens are not yet taken
-        self._overlap = cfg.overlap if cfg.overlap is not None else cfg.device.startswith("cuda")
+        on_cuda = cfg.device.startswith("cuda")
+        self._overlap = cfg.overlap if cfg.overlap is not None else on_cuda
+        self._cost_aware = cfg.cost_aware_drafts if cfg.cost_aware_drafts is not None else on_cuda
         self._inflight: InFlight | None = None
         self._last_round_end = clock()
         self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
@@ -611,7 +613,7 @@ class Engine:
         k = self.config.num_draft_tokens
         if self.config.adaptive_drafts:
             k = choose_num_drafts(lane, k)
-            if self.config.cost_aware_drafts:
+            if self._cost_aware:
                 k = self._paying_drafts(lane, k)
         return max(0, min(k, room))
 

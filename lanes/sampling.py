@@ -89,6 +89,27 @@ def uniform_noise(
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
 
 
+def _mix32_int(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_at(seed: int, position: int, stream: int = STREAM_TOKEN, index: int = 0) -> float:
+    """uniform_noise(seed, position, n, stream)[index] in plain Python: one draw without a
+    tensor (or a device round trip) for the host's per-draft decisions; the same bits."""
+    h = _mix32_int((seed & _MASK32) ^ 0x9E3779B9)
+    h = _mix32_int(h ^ ((seed >> 32) & _MASK32))
+    h = _mix32_int(h ^ (position & _MASK32) ^ (stream << 28))
+    h = _mix32_int(h ^ index)
+    m = h >> 8
+    # m + 0.5 as float32 rounds it: exact below 2**23, above it the tie goes to the even one
+    v = m + 0.5 if m < 1 << 23 else float(m + (m & 1))
+    return v * (1.0 / 2**24)
+
+
 def gumbel_noise(
     seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu", stream: int = 0
 ) -> torch.Tensor:

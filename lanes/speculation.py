@@ -22,7 +22,7 @@ from lanes.sampling import (
     gumbel_noise,
     sample_row,
     sampling_logprobs,
-    uniform_noise,
+    uniform_at,
 )
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _verify_rejection(logits, drafts, draft_logprobs, params, first_position):
             q[d] = 1.0
         else:
             q = draft_logprobs[j].float().exp()
-        u = float(uniform_noise(seed, pos, 1, STREAM_ACCEPT, logits.device)[0])
+        u = uniform_at(seed, pos, STREAM_ACCEPT)
         if u * q[d] < p[d]:  # kept with probability min(1, p(d) / q(d))
             out.append((d, logp))
             continue

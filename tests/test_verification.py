@@ -13,7 +13,7 @@ from lanes.drafter.model import ModelDrafter
 from lanes.drafter.ngram import NgramProposer
 from lanes.drafter.replay import ReplayProposer
 from lanes.models import open_checkpoint
-from lanes.sampling import gumbel_noise
+from lanes.sampling import gumbel_noise, uniform_at, uniform_noise
 from lanes.speculation import verify
 
 VOCAB = 8
@@ -38,6 +38,16 @@ def _first_token_counts(n: int, accept_all: bool = False) -> tuple[list[int], to
 def _chi2(counts: list[int], p: torch.Tensor) -> float:
     n = sum(counts)
     return sum((c - n * float(pi)) ** 2 / (n * float(pi)) for c, pi in zip(counts, p, strict=True))
+
+
+def test_host_draws_are_the_noise_tensor_bit_for_bit():
+    """The accept test and the replay drafter draw with uniform_at (plain Python, no tensor);
+    it gives the float32 bits of uniform_noise, including above 2**23 where float32 rounds."""
+    rng = random.Random(3)
+    for _ in range(500):
+        seed, pos, stream = rng.getrandbits(63), rng.randrange(2**31), rng.randrange(4)
+        want = uniform_noise(seed, pos, 6, stream).tolist()
+        assert [uniform_at(seed, pos, stream, i) for i in range(6)] == want
 
 
 def test_rejection_mode_preserves_the_target_distribution():
