@@ -32,8 +32,9 @@ def settle(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) 
         engine.step()
 
 
-def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) -> dict:
-    settle(engine, vocab, lanes, prompt_len, steps)
+def kernel_spans(engine: Engine, steps: int) -> tuple[float, list[tuple[float, float]]]:
+    """`steps` engine steps under torch.profiler: host wall seconds (synchronized) and the
+    CUDA kernels' (start, end) in microseconds, sorted."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
@@ -46,6 +47,12 @@ def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) ->
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
+    return wall, kernels
+
+
+def busy(engine: Engine, vocab: int, lanes: int, prompt_len: int, steps: int) -> dict:
+    settle(engine, vocab, lanes, prompt_len, steps)
+    wall, kernels = kernel_spans(engine, steps)
     covered, end = 0.0, float("-inf")
     small_gaps = large_gaps = 0.0  # idle between kernels: < 20 µs (inside a graph), longer
     num_large = 0

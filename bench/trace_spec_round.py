@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from bench.bench_engine import CostedReplay
-from bench.profile_busy import settle
+from bench.profile_busy import kernel_spans, settle
 from bench.shapes import SHAPES, random_checkpoint, synthetic_prompt
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter import make_proposer
@@ -33,19 +32,15 @@ from lanes.drafter.replay import ReplayProposer
 SHIPPED = Path(__file__).resolve().parent.parent / "drafter" / "weights" / "smollm2-135m-instruct"
 
 
-def device_ms(prof) -> float:
-    """Union of the CUDA kernel intervals of a profile, in ms."""
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-    )
+def profiled(engine, steps: int) -> tuple[float, float]:
+    """`steps` engine steps: (host wall seconds, ms of kernels: the union of their intervals)."""
+    wall, spans = kernel_spans(engine, steps)
     covered, end = 0.0, float("-inf")
     for a, b in spans:
         if b > end:
             covered += b - max(a, end)
             end = b
-    return covered / 1e3
+    return wall, covered / 1e3
 
 
 class TimedPropose:
@@ -93,18 +88,12 @@ def main() -> None:
 
     # plain decode steps (overlapped), the drafted request's baseline
     settle(engine, shape.vocab_size, 1, 128, args.rounds + 40)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for _ in range(args.rounds):
-            engine.step()
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+    wall, kernels = profiled(engine, args.rounds)
     while engine.has_work():
         engine.step()
     report["plain"] = {
         "wall_ms_per_step": wall / args.rounds * 1e3,
-        "device_ms_per_step": device_ms(prof) / args.rounds,
+        "device_ms_per_step": kernels / args.rounds,
     }
 
     # speculative rounds: the head's forwards for their cost, replay drafts verified (an engine
@@ -119,13 +108,7 @@ def main() -> None:
         engine.step()
     timed.spans.clear()
     before_tokens, before_steps = len(lane.output_ids), lane.num_verify_steps
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for _ in range(args.rounds):
-            engine.step()
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+    wall, kernels = profiled(engine, args.rounds)
     rounds = lane.num_verify_steps - before_steps
     tokens = len(lane.output_ids) - before_tokens
     drafter_device = [s.elapsed_time(e) for s, e, _ in timed.spans]
@@ -134,7 +117,7 @@ def main() -> None:
         "rounds": rounds,
         "tokens_per_round": tokens / rounds,
         "wall_ms_per_round": wall / rounds * 1e3,
-        "device_ms_per_round": device_ms(prof) / rounds,
+        "device_ms_per_round": kernels / rounds,
         "drafter_device_span_ms_median": statistics.median(drafter_device),
         "drafter_host_ms_median": statistics.median(drafter_host),
     }
