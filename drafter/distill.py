@@ -419,6 +419,11 @@ def distill(
     started = time.perf_counter()
     target = open_checkpoint(target_spec)
     tcfg = target.config
+    if tcfg.is_moe:
+        raise ValueError(
+            "lanes distill cannot train a drafter for a mixture-of-experts target yet (its head "
+            "starts from the target's last layer, a dense one); use --drafter ngram or a model"
+        )
     if not tcfg.tie_word_embeddings:
         raise ValueError("lanes distill uses the target's tied embedding as the drafter's LM head")
     sources = {"pydoc": pydoc_texts()}

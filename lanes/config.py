@@ -14,6 +14,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 
@@ -48,7 +49,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    family: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -65,6 +66,13 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Mixture of experts (Qwen3-MoE): the layers in `moe_layers` route each token to its
+    # `experts_per_token` best of `num_experts` SiLU MLPs of `moe_intermediate_size`
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
+    moe_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in SUPPORTED_ARCHITECTURES.values():
@@ -79,6 +87,20 @@ class ModelConfig:
             )
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ConfigError(f"head_dim must be positive and even, got {self.head_dim}")
+        if self.moe_layers and not (
+            self.num_experts > 0
+            and 0 < self.experts_per_token <= self.num_experts
+            and self.moe_intermediate_size > 0
+        ):
+            raise ConfigError(
+                f"a mixture of experts needs num_experts > 0 (got {self.num_experts}), "
+                f"0 < num_experts_per_tok <= num_experts (got {self.experts_per_token}) and "
+                f"moe_intermediate_size > 0 (got {self.moe_intermediate_size})"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.moe_layers)
 
     @property
     def q_size(self) -> int:
@@ -129,13 +151,38 @@ class ModelConfig:
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             rope_scaling=_rope_scaling(raw),
             bos_token_id=raw.get("bos_token_id")
             if isinstance(raw.get("bos_token_id"), int)
             else None,
             eos_token_ids=eos_ids,
+            **(_moe_fields(raw) if family == "qwen3_moe" else {}),
         )
+
+
+def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-MoE: layer i routes its tokens to experts unless it is in `mlp_only_layers` or
+    (i + 1) is not a multiple of `decoder_sparse_step` (those keep a dense MLP)."""
+    num_layers = _number(raw, "num_hidden_layers", int)
+    step = _number(raw, "decoder_sparse_step", int, 1)
+    if step <= 0:
+        raise ConfigError(f"'decoder_sparse_step' must be positive, got {step}")
+    dense = raw.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
+        raise ConfigError(f"'mlp_only_layers' must be a list of layer indices, got {dense!r:.40}")
+    # hub checkpoints say num_experts; transformers 5 writes num_local_experts
+    key = "num_experts" if "num_experts" in raw else "num_local_experts"
+    experts = _number(raw, key, int) if key in raw else _number(raw, "num_experts", int)
+    return {
+        "num_experts": experts,
+        "experts_per_token": _number(raw, "num_experts_per_tok", int),
+        "moe_intermediate_size": _number(raw, "moe_intermediate_size", int),
+        "norm_topk_prob": bool(raw.get("norm_topk_prob", False)),
+        "moe_layers": tuple(
+            i for i in range(num_layers) if i not in dense and experts > 0 and (i + 1) % step == 0
+        ),
+    }
 
 
 def _number(raw: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:

@@ -60,12 +60,25 @@ ARCHS = {
     "mistral": ("MistralConfig", {"sliding_window": None, "head_dim": 16}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "attention_bias": False}),
+    # Qwen3-MoE: layer 0 routes to 2 of 8 experts, layer 1 keeps a dense MLP
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {
+            "head_dim": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
 }
 _MODEL_CLASSES = {
     "LlamaConfig": "LlamaForCausalLM",
     "MistralConfig": "MistralForCausalLM",
     "Qwen2Config": "Qwen2ForCausalLM",
     "Qwen3Config": "Qwen3ForCausalLM",
+    "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
 }
 
 

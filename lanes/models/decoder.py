@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over a flat paged batch."""
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE) over a flat
+paged batch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from lanes.batch import ForwardBatch
 from lanes.cache.kv_pool import KVPool
 from lanes.config import ModelConfig
+from lanes.models.moe import moe_mlp
 from lanes.models.rope import rope_tables
 from lanes.models.weights import DecoderWeights
 from lanes.ops import Ops
@@ -65,8 +67,11 @@ class Decoder:
             attn = ops.attention(q, kv.k[i], kv.v[i], batch)  # [n, num_heads, head_dim]
             o = self._reduce(ops.linear(attn.reshape(n, cfg.q_size), layer.o))
             residual, x = ops.add_rms_norm(o, residual, layer.post_norm, eps)
-            gate, up = ops.linear(x, layer.gate_up).chunk(2, dim=-1)
-            down = self._reduce(ops.linear(F.silu(gate) * up, layer.down))
+            if layer.router is not None:
+                down = moe_mlp(ops, x, layer, cfg)
+            else:
+                gate, up = ops.linear(x, layer.gate_up).chunk(2, dim=-1)
+                down = self._reduce(ops.linear(F.silu(gate) * up, layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
             residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
             if self.feature_layers is not None and i in self.feature_layers:

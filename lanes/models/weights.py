@@ -42,6 +42,14 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (d,)
             shapes[p + "self_attn.k_norm.weight"] = (d,)
+        if i in cfg.moe_layers:
+            shapes[p + "mlp.gate.weight"] = (cfg.num_experts, h)  # the router
+            for e in range(cfg.num_experts):
+                x, m = f"{p}mlp.experts.{e}.", cfg.moe_intermediate_size
+                shapes[x + "gate_proj.weight"] = (m, h)
+                shapes[x + "up_proj.weight"] = (m, h)
+                shapes[x + "down_proj.weight"] = (h, m)
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, h)
         shapes[p + "mlp.up_proj.weight"] = (cfg.intermediate_size, h)
         shapes[p + "mlp.down_proj.weight"] = (h, cfg.intermediate_size)
@@ -81,8 +89,11 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     o: torch.Tensor  # [hidden, q_size]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: torch.Tensor | None  # [2 * intermediate, hidden]; None in a mixture-of-experts layer
+    down: torch.Tensor | None  # [hidden, intermediate]
+    router: torch.Tensor | None = None  # [experts, hidden] (mixture-of-experts layers)
+    experts_gate_up: torch.Tensor | None = None  # [experts, 2 * moe_intermediate, hidden]
+    experts_down: torch.Tensor | None = None  # [experts, hidden, moe_intermediate]
 
 
 @dataclass
@@ -117,6 +128,21 @@ def assemble(
     def cat(*names: str) -> torch.Tensor:
         return torch.cat([get(n) for n in names]).contiguous()
 
+    def mlp(m: str, i: int) -> dict[str, torch.Tensor | None]:
+        if i not in cfg.moe_layers:
+            return {"gate_up": cat(m + "gate_proj.weight", m + "up_proj.weight"),
+                    "down": get(m + "down_proj.weight")}  # fmt: skip
+        experts = [f"{m}experts.{e}." for e in range(cfg.num_experts)]
+        return {
+            "gate_up": None,
+            "down": None,
+            "router": get(m + "gate.weight"),
+            "experts_gate_up": torch.stack(
+                [cat(x + "gate_proj.weight", x + "up_proj.weight") for x in experts]
+            ),
+            "experts_down": torch.stack([get(x + "down_proj.weight") for x in experts]),
+        }
+
     layers = []
     for i in range(cfg.num_layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -131,8 +157,7 @@ def assemble(
                 k_norm=get(a + "k_norm.weight") if cfg.qk_norm else None,
                 o=get(a + "o_proj.weight"),
                 post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
-                gate_up=cat(m + "gate_proj.weight", m + "up_proj.weight"),
-                down=get(m + "down_proj.weight"),
+                **mlp(m, i),
             )
         )
     embed = get("model.embed_tokens.weight")

@@ -1,0 +1,50 @@
+"""The mixture-of-experts MLP (Qwen3-MoE), batch-invariant.
+
+A router scores the experts for each token (softmax in fp32); the token goes to its
+`experts_per_token` best (ties broken towards the lower expert id, so the choice never depends
+on sort internals), optionally with the chosen weights renormalised to sum to 1. Each expert is
+a SiLU MLP run on the rows routed to it. What keeps it batch-invariant: the expert linears are
+the ops' row-independent linears (a row's result does not depend on how many other rows chose
+that expert), and each token sums its experts' outputs in its own rank order, not in an order
+set by the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lanes.config import ModelConfig
+from lanes.models.weights import LayerWeights
+from lanes.ops import Ops
+
+
+def route(
+    router_logits: torch.Tensor, k: int, normalise: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights fp32 [n, k], expert ids int64 [n, k]) from router logits [n, experts], best
+    first; equal probabilities rank by expert id."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    ranked = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, experts = ranked.values[:, :k], ranked.indices[:, :k]
+    if normalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def moe_mlp(ops: Ops, x: torch.Tensor, layer: LayerWeights, cfg: ModelConfig) -> torch.Tensor:
+    """x [n, hidden] -> [n, hidden]: each row's experts' outputs, weighted and summed."""
+    n, k = x.shape[0], cfg.experts_per_token
+    weights, experts = route(ops.linear(x, layer.router), k, cfg.norm_topk_prob)
+    weights = weights.to(x.dtype)
+    outputs = x.new_zeros(n * k, x.shape[1])  # row r * k + j: row r's j-th expert
+    chosen = experts.reshape(-1)
+    for e in torch.unique(chosen).tolist():  # a host read: the experts this batch uses
+        slots = (chosen == e).nonzero().squeeze(1)
+        gate, up = ops.linear(x[slots // k], layer.experts_gate_up[e]).chunk(2, dim=-1)
+        outputs[slots] = ops.linear(F.silu(gate) * up, layer.experts_down[e])
+    outputs = outputs.view(n, k, -1)
+    total = outputs[:, 0] * weights[:, :1]
+    for j in range(1, k):  # the token's own order: best expert first
+        total = total + outputs[:, j] * weights[:, j : j + 1]
+    return total
