@@ -1,4 +1,5 @@
 """Qwen3-MoE (lanes/models/moe.py): against transformers over many prefill chunks, routing ties,
+the three equalities (concurrent == solo, drafted == undrafted, resumed == fresh),
 and batch invariance — a token's output does not depend on which other tokens share its
 experts (negative control: the fast ops' BLAS calls of varying size do)."""
 
@@ -129,3 +130,18 @@ def test_what_moe_does_not_support_yet_is_refused(moe, tmp_path):
         shard_config(cfg, 2)
     with pytest.raises(ValueError, match="mixture-of-experts target"):
         distill(str(moe[0]), tmp_path / "head", log=lambda m: None)
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_resumed_equals_fresh(moe, seeded):
+    """cancel_prefill on a MoE lane keeps its blocks; the retry continues and equals a fresh run
+    (tests/test_cancel.py's harness, on the MoE model)."""
+    from tests.test_cancel import BS, GREEDY, SEEDED, computed, fresh, run
+
+    engine = build_engine(str(moe[0]), EngineConfig(block_size=BS, prefill_chunk=BS))
+    params = SEEDED if seeded else GREEDY
+    assert run(engine, params, cancel_when=computed(3 * BS)).finish_reason == "cancelled"
+    retry = run(engine, params)
+    assert retry.cached_tokens == 3 * BS
+    ref = fresh(engine, params)
+    assert (retry.token_ids, retry.logprobs) == (ref.token_ids, ref.logprobs)
