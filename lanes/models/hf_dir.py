@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.checkpoint import Checkpoint
+from lanes.models.mlx_affine import dequantized_view, quantization
 from lanes.models.weights import WeightError
 from lanes.tokenizer import Tokenizer
 
@@ -19,7 +20,9 @@ def open_hf_dir(path: Path) -> Checkpoint:
     if not config_file.is_file():
         raise ConfigError(f"{path} has no config.json")
     try:
-        config = ModelConfig.from_hf(json.loads(config_file.read_text()))
+        raw = json.loads(config_file.read_text())
+        config = ModelConfig.from_hf(raw)
+        quant = quantization(raw)
     except (ValueError, UnicodeDecodeError) as e:  # ConfigError, JSONDecodeError
         raise ConfigError(f"{config_file}: {e}") from e
     files = _safetensors_files(path)
@@ -44,6 +47,12 @@ def open_hf_dir(path: Path) -> Checkpoint:
             return handles[f].get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise WeightError(f"cannot load tensor {name} from {f.name}: {e}") from e
+
+    if quant is not None:  # MLX affine codes, dequantized as they load
+        try:
+            shapes, load = dequantized_view(quant, shapes, load)
+        except ConfigError as e:
+            raise ConfigError(f"{config_file}: {e}") from e
 
     digest = hashlib.sha256(config_file.read_bytes())
     for f in files:

@@ -1,0 +1,98 @@
+"""MLX affine-quantized checkpoints (what `mlx_lm.convert -q` writes, the mlx-community format).
+
+config.json's `quantization` (or `quantization_config`) gives `group_size`, `bits` and `mode:
+affine`, with optional per-module entries (a dict of its own, or false for a float module). A
+quantized module W is stored as `W.weight` (uint32 [out, in * bits / 32], codes packed least
+significant first), `W.scales` and `W.biases` ([out, in / group_size]); each weight is
+scale * code + bias over its group of `group_size` inputs. Modules without `.scales` are float.
+
+For now the weights are dequantized when loaded (to the checkpoint's float dtype), so the rest of
+lanes sees an ordinary checkpoint; serving them packed is issue 19's next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lanes.config import ConfigError
+from lanes.models.weights import WeightError
+
+BITS = (2, 4, 8)  # the widths whose codes never straddle two uint32 words
+
+
+def quantization(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint's MLX quantization settings, or None for a float checkpoint."""
+    q = raw.get("quantization") or raw.get("quantization_config")
+    if not isinstance(q, dict) or "bits" not in q or "group_size" not in q:
+        return None  # a float checkpoint, or another method (refused where it is read)
+    mode = q.get("mode", "affine")
+    if mode != "affine":
+        raise ConfigError(f"quantization mode {mode!r} is not supported (lanes reads 'affine')")
+    return q
+
+
+def _settings(q: dict[str, Any], module: str) -> tuple[int, int]:
+    own = q.get(module)
+    bits = own.get("bits", q["bits"]) if isinstance(own, dict) else q["bits"]
+    group = own.get("group_size", q["group_size"]) if isinstance(own, dict) else q["group_size"]
+    if bits not in BITS or isinstance(bits, bool):
+        raise ConfigError(f"quantization bits {bits!r} of {module}: lanes reads {BITS}")
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+        raise ConfigError(f"quantization group_size {group!r} of {module} must be positive")
+    return bits, group
+
+
+def dequantize(
+    packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int
+) -> torch.Tensor:
+    """[out, in] in scales' dtype from uint32 codes [out, in * bits / 32] and per-group scales
+    and biases [out, in / group]."""
+    per_word = 32 // bits
+    shifts = torch.arange(per_word, dtype=torch.int64) * bits
+    codes = (packed.to(torch.int64)[..., None] >> shifts) & ((1 << bits) - 1)
+    out = packed.shape[0]
+    q = codes.reshape(out, -1, group).to(torch.float32)
+    w = q * scales.float()[..., None] + biases.float()[..., None]
+    return w.reshape(out, -1).to(scales.dtype)
+
+
+def dequantized_view(
+    q: dict[str, Any],
+    shapes: dict[str, tuple[int, ...]],
+    load: Callable[[str], torch.Tensor],
+) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
+    """The checkpoint as float tensors: logical shapes for the quantized modules' weights (their
+    scales and biases no longer listed), and a loader that dequantizes them."""
+    modules = {n[: -len(".scales")] for n in shapes if n.endswith(".scales")}
+    settings = {}
+    view = dict(shapes)
+    for m in sorted(modules):
+        bits, group = _settings(q, m)
+        names = [f"{m}.weight", f"{m}.scales", f"{m}.biases"]
+        if any(n not in shapes for n in names):
+            raise WeightError(f"{m}: a quantized module needs .weight, .scales and .biases")
+        (out, words), scales = shapes[names[0]], shapes[names[1]]
+        inputs = words * 32 // bits
+        if inputs % group or tuple(scales) != (out, inputs // group) or shapes[names[2]] != scales:
+            raise WeightError(
+                f"{m}: packed weight [{out}, {words}] at {bits} bits is [{out}, {inputs}], which "
+                f"needs scales and biases [{out}, {inputs // group}] for group_size {group}; "
+                f"found {list(scales)} and {list(shapes[names[2]])}"
+            )
+        view[names[0]] = (out, inputs)
+        del view[names[1]], view[names[2]]
+        settings[names[0]] = (m, bits, group)
+
+    def load_float(name: str) -> torch.Tensor:
+        if name not in settings:
+            return load(name)
+        m, bits, group = settings[name]
+        packed = load(name)
+        if packed.dtype not in (torch.uint32, torch.int32):
+            raise WeightError(f"{name} has dtype {packed.dtype}, expected packed uint32 codes")
+        return dequantize(packed, load(f"{m}.scales"), load(f"{m}.biases"), bits, group)
+
+    return view, load_float
