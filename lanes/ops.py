@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
+from lanes.packed import OUT_TILE, PackedWeight
 
 ROW_TILE = 16
 
@@ -26,8 +27,24 @@ class Ops:
     name: str
     is_batch_invariant: bool
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out]."""
+    def linear(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out]. A PackedWeight is
+        dequantized in its fixed tiles of output rows, each through the float linear."""
+        if not isinstance(weight, PackedWeight):
+            return self._linear(x, weight, bias)
+        out = weight.shape[0]
+        parts = [
+            self._linear(
+                x,
+                weight.rows(i, min(i + OUT_TILE, out)),
+                None if bias is None else bias[i : i + OUT_TILE],
+            )
+            for i in range(0, out, OUT_TILE)
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        """The float linear."""
         raise NotImplementedError
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,7 +104,7 @@ class ExactOps(Ops):
     name = "exact"
     is_batch_invariant = True
 
-    def linear(self, x, weight, bias=None):
+    def _linear(self, x, weight, bias=None):
         return _by_row_tiles(lambda t: F.linear(t, weight, bias), x)
 
     def rms_norm(self, x, weight, eps):
@@ -101,7 +118,7 @@ class FastOps(Ops):
     name = "fast"
     is_batch_invariant = False
 
-    def linear(self, x, weight, bias=None):
+    def _linear(self, x, weight, bias=None):
         return F.linear(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):

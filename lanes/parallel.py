@@ -26,6 +26,7 @@ import torch.distributed as dist
 from lanes.batch import unpack_batch
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.weights import DecoderWeights, LayerWeights
+from lanes.packed import PackedWeight
 
 
 class Comm:
@@ -74,6 +75,8 @@ def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
 
 def shard_weights(w: DecoderWeights, cfg: ModelConfig, rank: int, world: int) -> DecoderWeights:
     """This rank's slices of the full (fused) weights."""
+    if isinstance(w.embed, PackedWeight) or isinstance(w.layers[0].qkv, PackedWeight):
+        raise ConfigError(f"tensor parallel {world}: quantized (packed) weights run on one GPU")
 
     def part(t: torch.Tensor, dim: int) -> torch.Tensor:
         return t.chunk(world, dim=dim)[rank].contiguous()

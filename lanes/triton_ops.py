@@ -22,7 +22,7 @@ class TritonOps(Ops):
             return batch
         return dataclasses.replace(batch, attn_meta={})  # filled per GQA group on first use
 
-    def linear(self, x, weight, bias=None):
+    def _linear(self, x, weight, bias=None):
         return matmul(x.contiguous(), weight, bias)
 
     def rms_norm(self, x, weight, eps):

@@ -32,7 +32,7 @@ LAYERS = [
     # below all of them: memory, the round plan, requests, config (DESIGN.md)
     ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.sampling", "lanes.config",
               "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
-              "lanes._source_tree"]),
+              "lanes.packed", "lanes._source_tree"]),
 ]  # fmt: skip
 FOLDERS = {"lanes": "lanes", "kernels": "lanes.kernels", "cache": "lanes.cache",
            "drafter": "lanes.drafter"}  # fmt: skip

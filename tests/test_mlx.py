@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from lanes import SamplingParams, build_engine
+from lanes import EngineConfig, SamplingParams, build_engine, packed
 from lanes.config import ConfigError
-from lanes.models import mlx_affine
 from lanes.models.weights import WeightError
 
 mx = pytest.importorskip("mlx.core", reason="mlx is a test dependency (pip install 'mlx[cpu]')")
@@ -37,11 +36,31 @@ def _mlx_logits(path, ids: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.array(out))
 
 
-def test_checkpoint_is_packed_and_loads(mlx_dir):
+def test_weights_stay_packed_in_memory(mlx_dir, llama_dir):
     config = json.loads((mlx_dir / "config.json").read_text())
     assert config["quantization"]["mode"] == "affine"
     engine = build_engine(str(mlx_dir))
     assert engine.model_config.hidden_size == 64  # the float model's shape, from packed codes
+    weights = engine.runner.decoder.weights
+    assert isinstance(weights.embed, packed.PackedWeight)
+    assert isinstance(weights.layers[0].qkv, packed.PackedWeight)  # q, k, v fused as codes
+    float_bytes = build_engine(str(llama_dir)).runner.decoder.weights.nbytes
+    bits = config["quantization"]["bits"]
+    # codes are bits/32 of fp32; the per-group scales and biases add 2 fp32 per 32 weights
+    assert weights.nbytes < float_bytes * (bits / 32 + 2 / 32 + 0.02)
+
+
+def test_packed_model_is_batch_invariant(mlx_dir):
+    engine = build_engine(str(mlx_dir), EngineConfig(max_tokens_per_round=40))
+    prompts = [PROMPT, "Paris is the capital of", "def f(x):\n    return x\n" * 3]
+    for params in (
+        SamplingParams(max_tokens=12, ignore_eos=True),
+        SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=3),
+    ):
+        solo = [engine.generate([p], params)[0] for p in prompts]
+        batched = engine.generate(prompts, params)
+        for s, b in zip(solo, batched, strict=True):
+            assert (b.token_ids, b.logprobs) == (s.token_ids, s.logprobs)
 
 
 def test_logits_and_greedy_tokens_match_mlx_lm(mlx_dir):
@@ -60,7 +79,7 @@ def test_logits_and_greedy_tokens_match_mlx_lm(mlx_dir):
 
 @pytest.mark.parametrize("broken", ["codes-reversed", "scales-biases-swapped"])
 def test_negative_controls_wrong_unpacking_fails(mlx_dir, monkeypatch, broken):
-    right = mlx_affine.dequantize
+    right = packed.dequantize
 
     def wrong(packed, scales, biases, bits, group):
         if broken == "scales-biases-swapped":
@@ -71,7 +90,7 @@ def test_negative_controls_wrong_unpacking_fails(mlx_dir, monkeypatch, broken):
         q = flipped.reshape(codes.shape[0], -1, group)
         return (q * scales[..., None] + biases[..., None]).reshape(codes.shape)
 
-    monkeypatch.setattr(mlx_affine, "dequantize", wrong)
+    monkeypatch.setattr(packed, "dequantize", wrong)
     engine = build_engine(str(mlx_dir))
     ids = engine.tokenizer.encode(PROMPT)
     (ours,) = engine.prompt_logits([ids])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from lanes.config import SUPPORTED_ARCHITECTURES, ConfigError
@@ -40,7 +41,12 @@ def build_decoder(ckpt: Checkpoint, ops: Ops, dtype: torch.dtype, device: str) -
         unit="tensor",
         disable=num_params < _PROGRESS_MIN_PARAMS or None,
     ) as bar:
-        weights = assemble(ckpt.config, ckpt.load, dtype, device, progress=bar.update)
+        weights = assemble(
+            ckpt.config, ckpt.load, dtype, device, progress=bar.update, packed=ckpt.packed
+        )
+    logging.getLogger("lanes").info(
+        "%s: weights hold %.1f MiB in memory", ckpt.source, weights.nbytes / 2**20
+    )
     return Decoder(ckpt.config, weights, ops)
 
 

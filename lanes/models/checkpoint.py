@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     import torch
 
     from lanes.config import ModelConfig
+    from lanes.packed import PackedWeight
     from lanes.tokenizer import Tokenizer
 
 
@@ -21,6 +22,8 @@ class Checkpoint:
     tokenizer: Tokenizer
     source: str  # what was opened, for logs
     fingerprint: str  # identifies these exact weights (prompt-cache keys depend on it)
+    # quantized checkpoints: HF tensor name -> the weight as its codes (None: a float tensor)
+    packed: Callable[[str], PackedWeight | None] | None = None
 
     def first_layers(self, num_layers: int) -> Checkpoint:
         """This checkpoint cut to its first num_layers layers (a weak drafter, for tests and

@@ -10,7 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.checkpoint import Checkpoint
-from lanes.models.mlx_affine import dequantized_view, quantization
+from lanes.models.mlx_affine import packed_view, quantization
 from lanes.models.weights import WeightError
 from lanes.tokenizer import Tokenizer
 
@@ -48,9 +48,10 @@ def open_hf_dir(path: Path) -> Checkpoint:
         except (SafetensorError, OSError, RuntimeError) as e:
             raise WeightError(f"cannot load tensor {name} from {f.name}: {e}") from e
 
-    if quant is not None:  # MLX affine codes, dequantized as they load
+    packed = None
+    if quant is not None:  # MLX affine codes: kept packed by the decoder
         try:
-            shapes, load = dequantized_view(quant, shapes, load)
+            shapes, load, packed = packed_view(quant, shapes, load)
         except ConfigError as e:
             raise ConfigError(f"{config_file}: {e}") from e
 
@@ -64,6 +65,7 @@ def open_hf_dir(path: Path) -> Checkpoint:
         tokenizer=Tokenizer.from_hf_dir(path, config),
         source=str(path),
         fingerprint=digest.hexdigest(),
+        packed=packed,
     )
 
 

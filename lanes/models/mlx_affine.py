@@ -6,8 +6,9 @@ quantized module W is stored as `W.weight` (uint32 [out, in * bits / 32], codes 
 significant first), `W.scales` and `W.biases` ([out, in / group_size]); each weight is
 scale * code + bias over its group of `group_size` inputs. Modules without `.scales` are float.
 
-For now the weights are dequantized when loaded (to the checkpoint's float dtype), so the rest of
-lanes sees an ordinary checkpoint; serving them packed is issue 19's next step.
+The decoder keeps quantized weights as their codes (lanes.packed, `Checkpoint.packed`); whatever
+asks the checkpoint for a tensor by name (a drafter sharing the embedding, the distill teacher)
+gets it dequantized to the checkpoint's float dtype.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from lanes.config import ConfigError
 from lanes.models.weights import WeightError
+from lanes.packed import PackedWeight
 
 BITS = (2, 4, 8)  # the widths whose codes never straddle two uint32 words
 
@@ -45,27 +47,19 @@ def _settings(q: dict[str, Any], module: str) -> tuple[int, int]:
     return bits, group
 
 
-def dequantize(
-    packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int
-) -> torch.Tensor:
-    """[out, in] in scales' dtype from uint32 codes [out, in * bits / 32] and per-group scales
-    and biases [out, in / group]."""
-    per_word = 32 // bits
-    shifts = torch.arange(per_word, dtype=torch.int64) * bits
-    codes = (packed.to(torch.int64)[..., None] >> shifts) & ((1 << bits) - 1)
-    out = packed.shape[0]
-    q = codes.reshape(out, -1, group).to(torch.float32)
-    w = q * scales.float()[..., None] + biases.float()[..., None]
-    return w.reshape(out, -1).to(scales.dtype)
-
-
-def dequantized_view(
+def packed_view(
     q: dict[str, Any],
     shapes: dict[str, tuple[int, ...]],
     load: Callable[[str], torch.Tensor],
-) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
-    """The checkpoint as float tensors: logical shapes for the quantized modules' weights (their
-    scales and biases no longer listed), and a loader that dequantizes them."""
+) -> tuple[
+    dict[str, tuple[int, ...]],
+    Callable[[str], torch.Tensor],
+    Callable[[str], PackedWeight | None],
+]:
+    """The checkpoint's logical view: float shapes for the quantized modules' weights (their
+    scales and biases no longer listed), a loader that gives float tensors (dequantized, for
+    whatever needs floats), and `packed(name)`: a quantized weight as its codes (None for float
+    tensors), which the decoder keeps."""
     modules = {n[: -len(".scales")] for n in shapes if n.endswith(".scales")}
     settings = {}
     view = dict(shapes)
@@ -86,13 +80,17 @@ def dequantized_view(
         del view[names[1]], view[names[2]]
         settings[names[0]] = (m, bits, group)
 
-    def load_float(name: str) -> torch.Tensor:
+    def packed(name: str) -> PackedWeight | None:
         if name not in settings:
-            return load(name)
+            return None
         m, bits, group = settings[name]
-        packed = load(name)
-        if packed.dtype not in (torch.uint32, torch.int32):
-            raise WeightError(f"{name} has dtype {packed.dtype}, expected packed uint32 codes")
-        return dequantize(packed, load(f"{m}.scales"), load(f"{m}.biases"), bits, group)
+        codes = load(name)
+        if codes.dtype not in (torch.uint32, torch.int32):
+            raise WeightError(f"{name} has dtype {codes.dtype}, expected packed uint32 codes")
+        return PackedWeight(codes, load(f"{m}.scales"), load(f"{m}.biases"), bits, group)
 
-    return view, load_float
+    def load_float(name: str) -> torch.Tensor:
+        weight = packed(name)
+        return load(name) if weight is None else weight.rows(0, weight.shape[0])
+
+    return view, load_float, packed

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from lanes.config import ModelConfig
+from lanes.packed import PackedWeight, cat_packed
 
 # Buffers some checkpoints carry that lanes recomputes.
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -83,14 +84,14 @@ def _more(names: list[str]) -> str:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
+    qkv: torch.Tensor | PackedWeight  # [q_size + 2 * kv_size, hidden]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None  # [head_dim]
     k_norm: torch.Tensor | None
-    o: torch.Tensor  # [hidden, q_size]
+    o: torch.Tensor | PackedWeight  # [hidden, q_size]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor | None  # [2 * intermediate, hidden]; None in a mixture-of-experts layer
-    down: torch.Tensor | None  # [hidden, intermediate]
+    gate_up: torch.Tensor | PackedWeight | None  # [2 * intermediate, hidden]; None: MoE layer
+    down: torch.Tensor | PackedWeight | None  # [hidden, intermediate]
     router: torch.Tensor | None = None  # [experts, hidden] (mixture-of-experts layers)
     experts_gate_up: torch.Tensor | None = None  # [experts, 2 * moe_intermediate, hidden]
     experts_down: torch.Tensor | None = None  # [experts, hidden, moe_intermediate]
@@ -98,13 +99,32 @@ class LayerWeights:
 
 @dataclass
 class DecoderWeights:
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: torch.Tensor | PackedWeight  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+    lm_head: torch.Tensor | PackedWeight  # [vocab, hidden]; the embedding itself when tied
     # EAGLE-style drafters: [hidden, 2 * hidden] mixes each row's token embedding with the
     # target's feature for that row (drafter/eagle.py); None for ordinary decoders
     fuse: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the weights hold in memory (codes, scales and biases for packed ones)."""
+        seen, total = set(), 0
+        tensors = [self.embed, self.norm, self.lm_head, self.fuse]
+        for layer in self.layers:
+            tensors += list(vars(layer).values())
+        for t in tensors:
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            total += t.nbytes if isinstance(t, PackedWeight) else t.numel() * t.element_size()
+        return total
+
+
+def dense(weight: torch.Tensor | PackedWeight) -> torch.Tensor:
+    """A float tensor of the weight (packed codes dequantized)."""
+    return weight.rows(0, weight.shape[0]) if isinstance(weight, PackedWeight) else weight
 
 
 def assemble(
@@ -113,20 +133,34 @@ def assemble(
     dtype: torch.dtype,
     device: torch.device | str,
     progress: Callable[[int], None] = lambda n: None,
+    packed: Callable[[str], PackedWeight | None] | None = None,
 ) -> DecoderWeights:
-    """Load every expected tensor through `load(name)`, check it, and fuse qkv and gate/up."""
+    """Load every expected tensor through `load(name)`, check it, and fuse qkv and gate/up.
+    With `packed` (a quantized checkpoint), its quantized weights stay codes (lanes.packed)."""
 
-    def get(name: str) -> torch.Tensor:
+    def finite(name: str, t: torch.Tensor) -> None:
+        if not torch.isfinite(t).all():
+            raise WeightError(f"tensor {name} holds NaN or infinite values (corrupt checkpoint?)")
+
+    def get(name: str) -> torch.Tensor | PackedWeight:
+        codes = packed(name) if packed is not None else None
+        if codes is not None:
+            finite(name, codes.scales)
+            finite(name, codes.biases)
+            progress(1)
+            return codes.to(device, dtype)
         t = load(name)
         if not t.is_floating_point():
             raise WeightError(f"tensor {name} has dtype {t.dtype}, expected a floating type")
-        if not torch.isfinite(t).all():
-            raise WeightError(f"tensor {name} holds NaN or infinite values (corrupt checkpoint?)")
+        finite(name, t)
         progress(1)
         return t.to(device=device, dtype=dtype)
 
-    def cat(*names: str) -> torch.Tensor:
-        return torch.cat([get(n) for n in names]).contiguous()
+    def cat(*names: str) -> torch.Tensor | PackedWeight:
+        parts = [get(n) for n in names]
+        if all(isinstance(p, PackedWeight) for p in parts):
+            return cat_packed(parts)
+        return torch.cat([dense(p) for p in parts]).contiguous()
 
     def mlp(m: str, i: int) -> dict[str, torch.Tensor | None]:
         if i not in cfg.moe_layers:
@@ -138,9 +172,9 @@ def assemble(
             "down": None,
             "router": get(m + "gate.weight"),
             "experts_gate_up": torch.stack(
-                [cat(x + "gate_proj.weight", x + "up_proj.weight") for x in experts]
+                [dense(cat(x + "gate_proj.weight", x + "up_proj.weight")) for x in experts]
             ),
-            "experts_down": torch.stack([get(x + "down_proj.weight") for x in experts]),
+            "experts_down": torch.stack([dense(get(x + "down_proj.weight")) for x in experts]),
         }
 
     layers = []
