@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from lanes.serve_options import parse_bytes
+
 
 def _generate(args: argparse.Namespace) -> int:
     from lanes.build import build_engine
@@ -55,26 +57,59 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import logging
+    import random
+    from pathlib import Path
 
     from lanes.build import build_engine
     from lanes.config import EngineConfig, api_key_from_env
+    from lanes.serve_options import kv_bytes_for_utilization, speculative_options
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise _CliError(f"two models given: {args.model_arg!r} and --model {args.model!r}")
+    model = args.model_arg or args.model
+    drafter, num_drafts = args.drafter, args.num_draft_tokens
+    if args.speculative_config is not None:
+        if drafter != "none":
+            raise _CliError("--speculative-config and --drafter both name a drafter; give one")
+        drafter, k = speculative_options(args.speculative_config)
+        num_drafts = num_drafts if k is None else k
+    if args.seed is not None:  # the seeds drawn for unseeded sampled requests repeat run to run
+        random.seed(args.seed)
+    device = args.device or ("cuda" if _cuda() else "cpu")
+    kv_bytes = args.kv_cache_bytes
+    if args.gpu_memory_utilization is not None:
+        if kv_bytes is not None:
+            raise _CliError("--gpu-memory-utilization and --kv-cache-bytes both size the KV pool")
+        if device.startswith("cuda"):
+            kv_bytes = _kv_bytes_for(args, model, device, kv_bytes_for_utilization)
+        else:
+            logging.getLogger("lanes").info("--gpu-memory-utilization is for CUDA; ignored")
     config = EngineConfig(
-        device=args.device or ("cuda" if _cuda() else "cpu"),
+        device=device,
         dtype=args.dtype,
         exact=not args.fast,
-        drafter=args.drafter,
-        num_draft_tokens=args.num_draft_tokens,
+        drafter=drafter,
+        num_draft_tokens=num_drafts,
         prefill_share=args.prefill_share,
         max_lanes=args.max_lanes,
         prompt_cache_bytes=args.prompt_cache_bytes,
-        kv_cache_bytes=args.kv_cache_bytes,
+        kv_cache_bytes=kv_bytes or 512 * 2**20,
         overlap=args.overlap,
+        max_model_len=args.max_model_len,
     )
-    name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
+    name = args.served_model_name or (model or "SmolLM2-135M-Instruct")
+    template = args.chat_template
+    if template is not None and Path(template).is_file():
+        template = Path(template).read_text()
+
+    def serve(engine, **options) -> None:
+        if template is not None:
+            engine.tokenizer.chat_template = template
+        serve_engine(engine, **options)
+
     options = dict(
         host=args.host,
         port=args.port,
@@ -88,11 +123,34 @@ def _serve(args: argparse.Namespace) -> int:
         from lanes.build import run_tensor_parallel
 
         run_tensor_parallel(
-            args.tensor_parallel, args.model, config, functools.partial(serve_engine, **options)
+            args.tensor_parallel, model, config, functools.partial(serve, **options)
         )
         return 0
-    serve_engine(build_engine(args.model, config), **options)
+    serve(build_engine(model, config), **options)
     return 0
+
+
+def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
+    """--gpu-memory-utilization: the KV pool per rank, from the GPU's memory and the weights'
+    bytes (read from the checkpoint's shapes, without loading it)."""
+    import torch
+
+    from lanes.config import EngineConfig
+    from lanes.models import open_checkpoint
+
+    ckpt = open_checkpoint(model)
+    dtype = getattr(torch, EngineConfig(dtype=args.dtype, device=device).torch_dtype_name)
+    numel = sum(_product(shape) for shape in ckpt.shapes.values())
+    weight_bytes = numel * torch.empty((), dtype=dtype).element_size() // args.tensor_parallel
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return size(args.gpu_memory_utilization, total, weight_bytes)
+
+
+def _product(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def serve_engine(
@@ -290,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     kern.set_defaults(run=_kernels)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help="as --model")
     serve.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")
     serve.add_argument("--served-model-name", default=None, help="the model id clients send")
     serve.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
@@ -297,9 +356,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--prefill-share", type=float, default=0.5)
-    serve.add_argument("--max-lanes", type=int, default=16)
-    serve.add_argument("--prompt-cache-bytes", type=int, default=256 * 2**20)
-    serve.add_argument("--kv-cache-bytes", type=int, default=512 * 2**20)
+    serve.add_argument("--max-lanes", "--max-num-seqs", type=int, default=16)
+    serve.add_argument("--prompt-cache-bytes", type=parse_bytes, default=256 * 2**20)
+    serve.add_argument(
+        "--kv-cache-bytes", type=parse_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
+    )
+    serve.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="CUDA: size the KV pool so the engine uses this share of the GPU's memory",
+    )
+    serve.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit (at most the model's)"
+    )
+    serve.add_argument(
+        "--speculative-config",
+        default=None,
+        help='vLLM-style JSON: {"method": "ngram"} or {"model": DIR}, "num_speculative_tokens"',
+    )
+    serve.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
+    serve.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template, or a file holding one"
+    )
     serve.add_argument(
         "--api-key",
         default=None,
@@ -311,7 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="let chat messages spell control tokens (refused by default: they could fake a turn)",
     )
     serve.add_argument(
-        "--tensor-parallel", type=int, default=1, help="ranks (processes; one GPU each on CUDA)"
+        "--tensor-parallel",
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="ranks (processes; one GPU each on CUDA)",
     )
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     serve.add_argument(

@@ -258,6 +258,7 @@ class EngineConfig:
     cost_aware_drafts: bool | None = None
     verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"
     draft_kv_cache_bytes: int = 128 * 2**20  # the model drafter's own KV pool
+    max_model_len: int | None = None  # a context limit below the model's own (vLLM's flag)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -266,6 +267,8 @@ class EngineConfig:
             raise ConfigError("need max_lanes > 0 and max_tokens_per_round >= max_lanes")
         if self.kv_cache_bytes <= 0:
             raise ConfigError("kv_cache_bytes must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.prefill_chunk <= 0 or self.prefill_chunk % self.block_size:
             raise ConfigError(
                 f"prefill_chunk ({self.prefill_chunk}) must be a positive multiple of "

@@ -20,7 +20,7 @@ from lanes.cache.block_pool import BlockPool
 from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
-from lanes.config import EngineConfig
+from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.device_sampling import greedy_rows, to_host
 from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
@@ -90,6 +90,14 @@ class Engine:
         rank 0 of a tensor-parallel group."""
         self.config = cfg = config
         self.model_config = mc = checkpoint.config
+        if (
+            cfg.max_model_len is not None
+            and cfg.max_model_len > self.model_config.max_position_embeddings
+        ):
+            raise ConfigError(
+                f"max_model_len {cfg.max_model_len} is above the model's context "
+                f"({self.model_config.max_position_embeddings} tokens)"
+            )
         self.tokenizer = checkpoint.tokenizer
         self.fingerprint = checkpoint.fingerprint
         self.source = checkpoint.source
@@ -132,7 +140,11 @@ class Engine:
 
     @property
     def context_len(self) -> int:
-        return self.model_config.max_position_embeddings
+        """Prompt + output tokens a request may reach: the model's context, or less with
+        EngineConfig.max_model_len."""
+        cap = self.config.max_model_len
+        own = self.model_config.max_position_embeddings
+        return own if cap is None else min(own, cap)
 
     # ---- requests -------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # (layer, module prefixes); the first matching prefix, longest first, names a module's layer
 LAYERS = [
     # the API and tools that build engines: the CLI, the server, `lanes distill`
-    ("api", ["lanes", "lanes.cli", "lanes.server", "lanes.openai_api", "lanes.async_engine",
-             "lanes.drafter.distill"]),
+    ("api", ["lanes", "lanes.cli", "lanes.serve_options", "lanes.server", "lanes.openai_api",
+             "lanes.async_engine", "lanes.drafter.distill"]),
     ("build", ["lanes.build"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
                 "lanes.inflight", "lanes.draft_costs"]),

@@ -1,0 +1,100 @@
+"""`lanes serve` takes the flags vLLM users type: a positional model, -tp, --max-num-seqs,
+--max-model-len, --gpu-memory-utilization, --speculative-config, --chat-template, --seed, byte
+sizes with units; bad values are one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import lanes.cli
+from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.config import ConfigError
+from lanes.engine import RequestError
+from lanes.serve_options import kv_bytes_for_utilization, parse_bytes, speculative_options
+
+
+def test_byte_sizes():
+    assert parse_bytes("1073741824") == 2**30
+    assert parse_bytes("1GiB") == parse_bytes("1 gib") == 2**30
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("2G") == parse_bytes("2GB") == 2 * 10**9
+    assert parse_bytes("1e9") == 10**9
+    for bad in ("", "one gig", "1XB", "-5"):
+        with pytest.raises(ValueError, match="not a byte size"):
+            parse_bytes(bad)
+
+
+def test_speculative_config():
+    assert speculative_options('{"method": "ngram", "num_speculative_tokens": 3}') == ("ngram", 3)
+    assert speculative_options('{"model": "drafter/weights/x"}') == ("drafter/weights/x", None)
+    for bad, words in [
+        ("{", "not JSON"),
+        ("[1]", "JSON object"),
+        ('{"method": "eagle3"}', "needs"),
+        ('{"method": "ngram", "prompt_lookup_max": 4}', "unsupported keys"),
+        ('{"method": "ngram", "num_speculative_tokens": -1}', ">= 0"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            speculative_options(bad)
+
+
+def test_gpu_memory_utilization_sizes_the_kv_pool():
+    gib = 2**30
+    assert kv_bytes_for_utilization(0.9, 100 * gib, 16 * gib) == int(90 * gib) - 16 * gib - gib
+    with pytest.raises(ValueError, match="does not hold the weights"):
+        kv_bytes_for_utilization(0.1, 100 * gib, 16 * gib)
+    with pytest.raises(ValueError, match="in \\(0, 1\\]"):
+        kv_bytes_for_utilization(1.5, 100 * gib, 16 * gib)
+
+
+def test_vllm_spellings_parse():
+    args = lanes.cli.build_parser().parse_args(
+        ["serve", "some/model", "-tp", "2", "--max-num-seqs", "8", "--kv-cache-bytes", "1GiB"]
+    )
+    assert (args.model_arg, args.tensor_parallel, args.max_lanes) == ("some/model", 2, 8)
+    assert args.kv_cache_bytes == 2**30
+    again = lanes.cli.build_parser().parse_args(["serve", "--tensor-parallel-size", "4"])
+    assert again.tensor_parallel == 4
+
+
+def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):
+    served = {}
+    monkeypatch.setattr(
+        lanes.cli, "serve_engine", lambda engine, **kw: served.update(engine=engine)
+    )
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\\n{% endfor %}")
+    argv = ["serve", str(llama_dir), "--chat-template", str(template), "--seed", "3",
+            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+            "--max-model-len", "128", "--gpu-memory-utilization", "0.5", "--device", "cpu"]  # fmt: skip
+    assert lanes.cli.main(argv) == 0
+    engine = served["engine"]
+    assert engine.tokenizer.chat_template == template.read_text()
+    assert (engine.config.drafter, engine.config.num_draft_tokens) == ("ngram", 2)
+    assert engine.context_len == 128
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["serve", "a", "--model", "b"], "two models"),
+        (["serve", "--drafter", "ngram", "--speculative-config", '{"method": "ngram"}'], "both"),
+        (["serve", "--speculative-config", '{"method": "medusa"}'], "speculative-config"),
+    ],
+)
+def test_bad_serve_flags_are_one_line_errors(argv, words, capsys):
+    assert lanes.cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lanes: error:") and words in err and "\\n" not in err
+
+
+def test_max_model_len_limits_requests(llama_dir):
+    engine = build_engine(str(llama_dir), EngineConfig(max_model_len=40))
+    assert engine.context_len == 40
+    with pytest.raises(RequestError):  # the prompt alone fills the limit
+        engine.generate([list(range(3, 45))], SamplingParams(max_tokens=1))
+    (out,) = engine.generate([list(range(3, 30))], SamplingParams(max_tokens=30, ignore_eos=True))
+    assert len(out.prompt_ids) + len(out.token_ids) == 40 and out.finish_reason == "length"
+    # (the server refuses prompt + max_tokens over the limit with a 400: it reads context_len)
+    with pytest.raises(ConfigError, match="above the model's context"):
+        build_engine(str(llama_dir), EngineConfig(max_model_len=10**6))
