@@ -35,7 +35,7 @@ from typing import Any
 from lanes.cache.block_pool import IntegrityError
 from lanes.engine import Completion, Engine, Prompt
 from lanes.lane import Lane
-from lanes.metrics import peak_memory_bytes
+from lanes.metrics import StatsLine, peak_memory_bytes
 from lanes.sampling import SamplingParams
 
 log = logging.getLogger("lanes")
@@ -116,6 +116,7 @@ class AsyncEngine:
         self._lanes = (0, 0)  # (running, waiting) at the last snapshot
         self._num_queued = 0  # lanes submitted, not yet handed to the engine
         self._open: dict[int, Callable[[Any], None]] = {}  # request id -> post, until it ends
+        self._stats = StatsLine()
         engine.cancel_check = self._is_cancelled
         engine.on_progress = lambda: self._publish_snapshot(check=False)
 
@@ -227,6 +228,14 @@ class AsyncEngine:
                 self._round()
                 self._publish_snapshot(check=False)
                 dirty = True
+            self._log_stats()
+
+    def _log_stats(self) -> None:
+        e = self.engine
+        used = 1.0 - e.cache.num_available / max(1, e.pool.num_blocks)
+        line = self._stats.line(e.metrics, e.clock(), len(e.running), len(e.waiting), used)
+        if line is not None:
+            log.info("%s", line)
 
     def _execute(self, command: tuple) -> None:
         kind = command[0]

@@ -116,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         name=name,
         api_key=args.api_key or api_key_from_env(),
         allow_special_tokens=args.allow_special_tokens,
+        access_log=not args.disable_uvicorn_access_log,
     )
     if args.tensor_parallel > 1:
         import functools
@@ -160,6 +161,7 @@ def serve_engine(
     name: str,
     api_key: str | None,
     allow_special_tokens: bool = False,
+    access_log: bool = True,
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -193,7 +195,14 @@ def serve_engine(
             super().handle_exit(sig, frame)
 
     Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=access_log,  # one line per request, as vLLM users expect to see
+            timeout_graceful_shutdown=5,
+        )
     ).run()
 
 
@@ -376,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
         help='vLLM-style JSON: {"method": "ngram"} or {"model": DIR}, "num_speculative_tokens"',
     )
     serve.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
+    serve.add_argument(
+        "--disable-uvicorn-access-log", action="store_true", help="no log line per request"
+    )
     serve.add_argument(
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one"
     )

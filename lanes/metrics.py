@@ -67,3 +67,43 @@ def peak_memory_bytes(device: str) -> int:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+STATS_EVERY = 10.0  # seconds between stats lines while the engine works
+
+
+@dataclass
+class StatsLine:
+    """A periodic one-line summary of what the engine did since the last line (the serving log's
+    heartbeat): prompt and generation throughput, lanes, KV use, prompt-cache hits, drafts
+    kept. Quiet while nothing happens."""
+
+    every: float = STATS_EVERY
+    _at: float | None = None
+    _last: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+
+    def line(
+        self, m: EngineMetrics, now: float, running: int, waiting: int, kv_used: float
+    ) -> str | None:
+        counts = (m.prefill_tokens, m.decode_tokens, m.cached_tokens, m.num_drafted, m.num_accepted)
+        if self._at is None:
+            self._at, self._last = now, counts
+            return None
+        seconds = now - self._at
+        if seconds < self.every:
+            return None
+        prefill, decode, cached, drafted, accepted = (
+            a - b for a, b in zip(counts, self._last, strict=True)
+        )
+        self._at, self._last = now, counts
+        if not (prefill or decode or running or waiting):
+            return None
+        text = (
+            f"prompt {prefill / seconds:.1f} tok/s, generation {decode / seconds:.1f} tok/s, "
+            f"running {running}, waiting {waiting}, KV {kv_used:.0%} used"
+        )
+        if prefill + cached:
+            text += f", prompt cache {cached / (prefill + cached):.0%} of prompt tokens"
+        if drafted:
+            text += f", drafts kept {accepted / drafted:.0%}"
+        return text

@@ -98,3 +98,21 @@ def test_max_model_len_limits_requests(llama_dir):
     # (the server refuses prompt + max_tokens over the limit with a 400: it reads context_len)
     with pytest.raises(ConfigError, match="above the model's context"):
         build_engine(str(llama_dir), EngineConfig(max_model_len=10**6))
+
+
+def test_stats_line_reports_the_interval_and_keeps_quiet_when_idle():
+    from lanes.metrics import EngineMetrics, StatsLine
+
+    m, stats = EngineMetrics(), StatsLine(every=10.0)
+    assert stats.line(m, 0.0, 0, 0, 0.0) is None  # the first call only starts the clock
+    m.prefill_tokens, m.decode_tokens, m.cached_tokens = 3000, 500, 1000
+    m.num_drafted, m.num_accepted = 400, 100
+    assert stats.line(m, 5.0, 2, 1, 0.25) is None  # not 10 s yet
+    line = stats.line(m, 10.0, 2, 1, 0.25)
+    assert line == (
+        "prompt 300.0 tok/s, generation 50.0 tok/s, running 2, waiting 1, KV 25% used, "
+        "prompt cache 25% of prompt tokens, drafts kept 25%"
+    )
+    assert stats.line(m, 25.0, 0, 0, 0.0) is None  # nothing happened since
+    args = lanes.cli.build_parser().parse_args(["serve", "--disable-uvicorn-access-log"])
+    assert args.disable_uvicorn_access_log
