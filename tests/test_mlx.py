@@ -111,6 +111,9 @@ def test_bad_quantization_settings_are_refused(mlx_dir, tmp_path):
     with pytest.raises(ConfigError, match="mode 'mxfp4'"):
         build_engine(str(_edited(mlx_dir, tmp_path, mode="mxfp4")))
     shutil.rmtree(tmp_path / "edited")
+    with pytest.raises(ConfigError, match="method 'gptq'"):
+        build_engine(str(_edited(mlx_dir, tmp_path, quant_method="gptq")))
+    shutil.rmtree(tmp_path / "edited")
     with pytest.raises(ConfigError, match="bits 3"):
         build_engine(str(_edited(mlx_dir, tmp_path, bits=3)))
     shutil.rmtree(tmp_path / "edited")

@@ -28,8 +28,13 @@ BITS = (2, 4, 8)  # the widths whose codes never straddle two uint32 words
 def quantization(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The checkpoint's MLX quantization settings, or None for a float checkpoint."""
     q = raw.get("quantization") or raw.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") is not None:  # GPTQ, AWQ, fp8, ...
+        raise ConfigError(
+            f"quantization method {q['quant_method']!r} is not supported (lanes reads MLX "
+            "affine checkpoints and float ones)"
+        )
     if not isinstance(q, dict) or "bits" not in q or "group_size" not in q:
-        return None  # a float checkpoint, or another method (refused where it is read)
+        return None  # a float checkpoint
     mode = q.get("mode", "affine")
     if mode != "affine":
         raise ConfigError(f"quantization mode {mode!r} is not supported (lanes reads 'affine')")
