@@ -51,6 +51,16 @@ _UNSUPPORTED = {
     "best_of": None,
     "suffix": None,
     "echo": False,
+    # what vLLM and OpenAI clients send for structured outputs and sampling extras
+    "response_format": {"type": "text"},
+    "structured_outputs": None,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "repetition_penalty": 1,
+    "min_p": 0,
+    "min_tokens": 0,
 }
 
 

@@ -116,3 +116,25 @@ def test_stats_line_reports_the_interval_and_keeps_quiet_when_idle():
     assert stats.line(m, 25.0, 0, 0, 0.0) is None  # nothing happened since
     args = lanes.cli.build_parser().parse_args(["serve", "--disable-uvicorn-access-log"])
     assert args.disable_uvicorn_access_log
+
+
+def test_fields_that_would_change_output_are_refused_not_ignored():
+    """response_format, vLLM's guided/structured outputs and sampling extras are not implemented
+    yet: set to anything but their neutral value, they get a 400 naming the field."""
+    from lanes.openai_api import ApiError, parse_request
+
+    body = {"prompt": "x", "max_tokens": 4}
+    for name, value in [
+        ("response_format", {"type": "json_object"}),
+        ("structured_outputs", {"json": {"type": "object"}}),
+        ("guided_json", {"type": "object"}),
+        ("guided_choice", ["a", "b"]),
+        ("repetition_penalty", 1.2),
+        ("min_p", 0.05),
+        ("min_tokens", 8),
+    ]:
+        with pytest.raises(ApiError, match=name):
+            parse_request({**body, name: value}, False, 256)
+    for name, neutral in [("response_format", {"type": "text"}), ("min_p", 0.0), ("min_tokens", 0),
+                          ("repetition_penalty", 1.0)]:  # fmt: skip
+        parse_request({**body, name: neutral}, False, 256)  # accepted: changes nothing
