@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
@@ -85,3 +86,32 @@ class LiveServer:
             time.sleep(0.05)
             kv = self.kv()
         return kv
+
+
+async def read_stream(stream, hang_up_after: int | None = None) -> str | None:
+    """The text of a streamed completion; None when it did not finish, or when the client hung
+    up after `hang_up_after` chunks."""
+    text, finish = "", None
+    async for chunk in stream:
+        for c in chunk.choices:
+            text += c.text
+            finish = c.finish_reason or finish
+        if hang_up_after is not None:
+            hang_up_after -= 1
+            if hang_up_after == 0:
+                await stream.close()
+                return None
+    return text if finish else None
+
+
+def run_clients(server: LiveServer, one, n: int) -> list:
+    """one(i, client) for i in range(n), all at once over one async client; their results."""
+
+    async def main():
+        client = server.async_client()
+        try:
+            return await asyncio.gather(*(one(i, client) for i in range(n)))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())

@@ -163,10 +163,9 @@ def test_a_retry_resumes_what_an_overlapped_run_computed(llama_dir):
 def test_overlapped_server_streams_equal_solo_with_disconnects(long_model_dir):
     """Over HTTP: 12 concurrent greedy streams, a third hanging up early, on an engine that
     overlaps its rounds; completed streams equal their solo output, no block is leaked."""
-    import asyncio
     import time
 
-    from tests.live_server import MODEL, LiveServer
+    from tests.live_server import MODEL, LiveServer, read_stream, run_clients
 
     rng = random.Random(9)
     prompts = [[rng.randrange(3, 380) for _ in range(rng.randint(5, 120))] for _ in range(12)]
@@ -179,26 +178,9 @@ def test_overlapped_server_streams_equal_solo_with_disconnects(long_model_dir):
 
         async def one(i, aclient):
             stream = await aclient.completions.create(prompt=prompts[i], stream=True, **kw)
-            text, finish, left = "", None, (3 if i % 3 == 0 else None)
-            async for chunk in stream:
-                for c in chunk.choices:
-                    text += c.text
-                    finish = c.finish_reason or finish
-                if left is not None:
-                    left -= 1
-                    if left == 0:
-                        await stream.close()
-                        return None
-            return text if finish else None
+            return await read_stream(stream, 3 if i % 3 == 0 else None)
 
-        async def main():
-            aclient = server.async_client()
-            try:
-                return await asyncio.gather(*(one(i, aclient) for i in range(12)))
-            finally:
-                await aclient.close()
-
-        results = asyncio.run(main())
+        results = run_clients(server, one, 12)
         deadline = time.time() + 30
         while server.kv()["active_lanes"] and time.time() < deadline:
             time.sleep(0.05)

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from lanes import EngineConfig, build_engine
-from tests.live_server import MODEL, LiveServer
+from tests.live_server import MODEL, LiveServer, read_stream, run_clients
 
 
 @pytest.fixture(scope="module")
@@ -210,27 +210,10 @@ def test_twenty_clients_with_random_disconnects(server):
             stream=True,
             extra_body={"ignore_eos": True},
         )
-        text, finish = "", None
         quit_after = rng.randint(1, 12) if i % 3 == 0 else None  # a third of them hang up early
-        async for chunk in stream:
-            for c in chunk.choices:
-                text += c.text
-                finish = c.finish_reason or finish
-            if quit_after is not None:
-                quit_after -= 1
-                if quit_after == 0:
-                    await stream.close()
-                    return None
-        return text if finish else None
+        return await read_stream(stream, quit_after)
 
-    async def main():
-        client = server.async_client()
-        try:
-            return await asyncio.gather(*(one(i, client) for i in range(20)))
-        finally:
-            await client.close()
-
-    results = asyncio.run(main())
+    results = run_clients(server, one, 20)
     completed = [(i, t) for i, t in enumerate(results) if t is not None]
     assert len(completed) >= 10
     for i, text in completed:
