@@ -231,9 +231,11 @@ class AsyncEngine:
             self._log_stats()
 
     def _log_stats(self) -> None:
-        e = self.engine
+        e, now = self.engine, self.engine.clock()
+        if not self._stats.due(now):
+            return
         used = 1.0 - e.cache.num_available / max(1, e.pool.num_blocks)
-        line = self._stats.line(e.metrics, e.clock(), len(e.running), len(e.waiting), used)
+        line = self._stats.line(e.metrics, now, len(e.running), len(e.waiting), used)
         if line is not None:
             log.info("%s", line)
 

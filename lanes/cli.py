@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -141,17 +142,10 @@ def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
 
     ckpt = open_checkpoint(model)
     dtype = getattr(torch, EngineConfig(dtype=args.dtype, device=device).torch_dtype_name)
-    numel = sum(_product(shape) for shape in ckpt.shapes.values())
-    weight_bytes = numel * torch.empty((), dtype=dtype).element_size() // args.tensor_parallel
+    numel = sum(math.prod(shape) for shape in ckpt.shapes.values())
+    weight_bytes = numel * dtype.itemsize // args.tensor_parallel
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     return size(args.gpu_memory_utilization, total, weight_bytes)
-
-
-def _product(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def serve_engine(

@@ -658,24 +658,12 @@ class Engine:
                 continue
             if d.source is not None and self.comm is None:  # fed to the verify on the device
                 rows = d.rows[: s.num_drafts]
-                on_device = {"draft_rows": rows, "draft_source": d.source}
-                decode.append(
-                    dataclasses.replace(
-                        s, end=s.end + len(rows), num_logits=1 + len(rows), **on_device
-                    )
-                )
-                continue
-            ids = d.host_ids()[: s.num_drafts]
-            lp = d.logprobs[: len(ids)] if d.logprobs is not None else None
-            decode.append(
-                dataclasses.replace(
-                    s,
-                    end=s.end + len(ids),
-                    num_logits=1 + len(ids),
-                    draft_ids=ids,
-                    draft_logprobs=lp,
-                )
-            )
+                n, drafts = len(rows), {"draft_rows": rows, "draft_source": d.source}
+            else:
+                ids = d.host_ids()[: s.num_drafts]
+                lp = d.logprobs[: len(ids)] if d.logprobs is not None else None
+                n, drafts = len(ids), {"draft_ids": ids, "draft_logprobs": lp}
+            decode.append(dataclasses.replace(s, end=s.end + n, num_logits=1 + n, **drafts))
         self.metrics.drafter_seconds += self.clock() - start
         return dataclasses.replace(plan, decode=tuple(decode))
 

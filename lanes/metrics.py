@@ -82,6 +82,11 @@ class StatsLine:
     _at: float | None = None
     _last: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
+    def due(self, now: float) -> bool:
+        """Whether `line` has anything to decide at `now`: callers skip gathering its inputs
+        (once per round) otherwise."""
+        return self._at is None or now - self._at >= self.every
+
     def line(
         self, m: EngineMetrics, now: float, running: int, waiting: int, kv_used: float
     ) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from lanes.config import SUPPORTED_ARCHITECTURES, ConfigError
@@ -34,7 +35,7 @@ def build_decoder(ckpt: Checkpoint, ops: Ops, dtype: torch.dtype, device: str) -
     from huggingface_hub.utils import tqdm
 
     check_shapes(ckpt.shapes, ckpt.config)
-    num_params = sum(_numel(s) for s in ckpt.shapes.values())
+    num_params = sum(math.prod(s) for s in ckpt.shapes.values())
     with tqdm(
         total=len(ckpt.shapes),
         desc="loading weights",
@@ -48,10 +49,3 @@ def build_decoder(ckpt: Checkpoint, ops: Ops, dtype: torch.dtype, device: str) -
         "%s: weights hold %.1f MiB in memory", ckpt.source, weights.nbytes / 2**20
     )
     return Decoder(ckpt.config, weights, ops)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

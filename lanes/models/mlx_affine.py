@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lanes.config import ConfigError
-from lanes.models.weights import WeightError
+from lanes.models.weights import WeightError, dense
 from lanes.packed import PackedWeight
 
 BITS = (2, 4, 8)  # the widths whose codes never straddle two uint32 words
@@ -96,6 +96,6 @@ def packed_view(
 
     def load_float(name: str) -> torch.Tensor:
         weight = packed(name)
-        return load(name) if weight is None else weight.rows(0, weight.shape[0])
+        return load(name) if weight is None else dense(weight)
 
     return view, load_float, packed
