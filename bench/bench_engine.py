@@ -104,7 +104,10 @@ def section_spec(
                 engine.proposer = None
                 t0, ids0, _ = decode_seconds(engine, p, new, f"b{a}{k}{i}")
                 engine.proposer = costed
-                engine.config = engine.config.replace(num_draft_tokens=k)
+                # k fixed: the surface is acceptance x draft length, not what k a policy picks
+                engine.config = engine.config.replace(
+                    num_draft_tokens=k, adaptive_drafts=False, cost_aware_drafts=False
+                )
                 t1, ids1, rate = decode_seconds(engine, p, new, f"s{a}{k}{i}")
                 assert ids1 == ids0 == record, "drafted output differs from undrafted"
                 if i:
@@ -277,6 +280,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--accs", default=None, help="spec: acceptances, e.g. 0.8 (default: a grid)")
     ap.add_argument("--ks", default=None, help="spec: draft lengths, e.g. 4 (default: a grid)")
+    ap.add_argument(
+        "--no-chain", action="store_true", help="spec: the drafter's steps as separate replays"
+    )
     args = ap.parse_args()
     tiny = args.tiny
     tc, dc = SHAPES[args.target], SHAPES[args.drafter]
@@ -306,6 +312,9 @@ def main() -> None:
             tok,
             cfg.replace(draft_kv_cache_bytes=2**26 if tiny else 8 * 2**30),
         )
+        if args.no_chain:
+            drafter.chain = None
+        report["chained"] = drafter.chain is not None
         accs, ks = ((0.5, 0.9), (1, 4)) if tiny else ((0.5, 0.6, 0.7, 0.8, 0.9), (1, 2, 4, 8))
         if args.accs:
             accs = tuple(float(a) for a in args.accs.split(","))

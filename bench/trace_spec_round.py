@@ -69,6 +69,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--out", default="bench/results/trace-spec-round-h200.json")
     ap.add_argument("--cprofile", type=int, default=0, help="then N rounds under cProfile")
+    ap.add_argument(
+        "--no-chain", action="store_true", help="the head's steps as separate graph replays"
+    )
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     ckpt = random_checkpoint(shape, "cuda")
@@ -100,6 +103,9 @@ def main() -> None:
     # built with the proposer: its target keeps the features the head reads)
     del engine
     head = make_proposer(args.drafter, config, ckpt)
+    if args.no_chain:  # the head's drafts 2..k as separate replays (the path before chaining)
+        head.chain = None
+    report["chained"] = head.chain is not None
     replay = ReplayProposer({tuple(prompt): ref.token_ids}, args.acceptance, shape.vocab_size)
     engine = build_engine(checkpoint=ckpt, config=config, proposer=CostedReplay(replay, head))
     timed = TimedPropose(engine.proposer)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from lanes.chain_graphs import ChainGraphs
     from lanes.device_sampling import DeviceChain
     from lanes.lane import Lane
     from lanes.rounds import Step
@@ -59,6 +60,24 @@ def collect_drafts(
         Draft(tuple(host[r]), torch.stack(logprobs[r]) if logprobs[r] else None)
         for r in request_ids
     ]
+
+
+def chain_rest(
+    graphs: ChainGraphs | None,
+    steps: Sequence[Step],
+    wanted: dict[int, int],
+    chain: DeviceChain,
+    previous: torch.Tensor,
+) -> bool:
+    """Drafts 2..k of every lane in one graph replay (lanes.chain_graphs), added to `chain`,
+    where the graphs take these steps (one-row steps of shadows of lanes; wanted: drafts per
+    request); False, with nothing run, where they do not."""
+    counts = [wanted[s.lane.lane.request_id] - 1 for s in steps]
+    if graphs is None or not steps or not graphs.supports(steps, counts):
+        return False
+    keys = [s.lane.lane.request_id for s in steps]
+    chain.extend(graphs.run(steps, counts, previous), keys, counts)
+    return True
 
 
 class Proposer:

@@ -47,9 +47,10 @@ from lanes.cache.block_pool import BlockPool
 from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
+from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig, ModelConfig
-from lanes.device_sampling import DeviceChain
-from lanes.drafter.base import Draft, Proposer, collect_drafts
+from lanes.device_sampling import DeviceChain, greedy_rows
+from lanes.drafter.base import Draft, Proposer, chain_rest, collect_drafts
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
 from lanes.rounds import Step
@@ -195,6 +196,9 @@ class EagleDrafter(Proposer):
         self.vocab_size = mc.vocab_size
         self.shadows: dict[int, _Shadow] = {}
         self._zero = torch.zeros((1, mc.hidden_size), dtype=dtype, device=config.device)
+        # greedy drafts 2..k as one graph replay (CUDA graphs only)
+        graphs = self.runner.graphs
+        self.chain = None if graphs is None else ChainGraphs(graphs, self._greedy)
 
     def _shadow(self, lane: Lane) -> _Shadow:
         shadow = self.shadows.get(lane.request_id)
@@ -337,8 +341,13 @@ class EagleDrafter(Proposer):
                         Step(shadow, r, r + 1, num_logits=1, features=feature, **follow)
                     )
             steps = next_steps
+            if on_device and j == 0 and chain_rest(self.chain, steps, wanted, chain, previous):
+                break
         ids = [lane.request_id for lane in lanes]
         return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
+
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        return greedy_rows(self._full_logits(logits), use_triton=True)[0]
 
     def accepted(self, lane: Lane) -> None:
         shadow = self.shadows.get(lane.request_id)

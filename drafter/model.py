@@ -11,9 +11,10 @@ from lanes.backends import make_ops
 from lanes.cache.block_pool import BlockPool
 from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
+from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig
-from lanes.device_sampling import DeviceChain
-from lanes.drafter.base import Draft, Proposer, collect_drafts
+from lanes.device_sampling import DeviceChain, greedy_rows
+from lanes.drafter.base import Draft, Proposer, chain_rest, collect_drafts
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.rounds import Step
@@ -92,6 +93,13 @@ class ModelDrafter(Proposer):
         self.runner = build_runner(decoder, num_blocks, config, dtype)
         self.ops = decoder.ops
         self.shadows: dict[int, _Shadow] = {}
+        # greedy drafts 2..k as one graph replay (CUDA graphs only)
+        graphs = self.runner.graphs
+        self.chain = None if graphs is None else ChainGraphs(graphs, self._greedy)
+
+    @staticmethod
+    def _greedy(logits: torch.Tensor) -> torch.Tensor:
+        return greedy_rows(logits, use_triton=True)[0]
 
     def _shadow(self, lane: Lane) -> _Shadow:
         shadow = self.shadows.get(lane.request_id)
@@ -164,6 +172,10 @@ class ModelDrafter(Proposer):
                 if j + 1 < wanted[lane.request_id]:
                     next_steps.append(Step(shadow, position, position + 1, num_logits=1, **follow))
             steps = next_steps
+            if on_device and j == 0 and chain_rest(self.chain, steps, wanted, chain, previous):
+                for s in steps:  # the chain computed positions [start, start + drafts - 1)
+                    s.lane.num_computed = s.start + wanted[s.lane.lane.request_id] - 1
+                break
         ids = [lane.request_id for lane in lanes]
         return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 

@@ -39,7 +39,8 @@ class DeviceChain:
 
     def __init__(self, use_triton: bool) -> None:
         self.use_triton = use_triton
-        self._parts: list[tuple[torch.Tensor, list[int]]] = []  # (tokens [n], their lanes' keys)
+        # (tokens [n], their lanes' keys; None: a row that is no lane's draft)
+        self._parts: list[tuple[torch.Tensor, list[int | None]]] = []
 
     def greedy(self, logits: torch.Tensor, ends: Sequence[int], keys: list[int]) -> torch.Tensor:
         """The greedy token of each step's last logits row (ends: cumulative rows per step);
@@ -51,6 +52,13 @@ class DeviceChain:
         self._parts.append((tokens, keys))
         return tokens
 
+    def extend(self, tokens: torch.Tensor, keys: list[int], counts: Sequence[int]) -> None:
+        """Steps chained in one graph (lanes.chain_graphs): tokens [S, len(keys)], of which lane
+        i's drafts are rows 0..counts[i]-1."""
+        pairs = list(zip(keys, counts, strict=True))
+        for j in range(tokens.shape[0]):
+            self._parts.append((tokens[j], [k if j < c else None for k, c in pairs]))
+
     def drafts(self) -> dict[int, tuple[torch.Tensor, tuple[int, ...]]]:
         """Every lane's tokens left on the device: (source [all tokens], the lane's rows of it
         in draft order). Nothing waits for the drafter's forwards."""
@@ -61,6 +69,7 @@ class DeviceChain:
         i = 0
         for _, keys in self._parts:
             for key in keys:
-                rows.setdefault(key, []).append(i)
+                if key is not None:
+                    rows.setdefault(key, []).append(i)
                 i += 1
         return {key: (source, tuple(r)) for key, r in rows.items()}

@@ -27,6 +27,55 @@ LANE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_TOKENS_PER_LANE = 16
 
 
+def static_batch(
+    group: int, input_ids, positions, slot_mapping, first_pos, ctx_len, kv_slots, features=None
+) -> ForwardBatch:
+    """A ForwardBatch over static buffers: lanes of equal row counts, lane i's context slots at
+    kv_slots[i * max_ctx:] (the layout above); every row yields logits. The shapes say the
+    layout: lanes = len(first_pos), rows per lane, max_ctx = len(kv_slots) / lanes."""
+    lanes = first_pos.shape[0]
+    tokens, max_ctx = input_ids.shape[0] // lanes, kv_slots.shape[0] // lanes
+    device = input_ids.device
+    i64 = dict(dtype=torch.int64, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMeta(
+        tile_seq=torch.arange(lanes, **i32),
+        tile_q0=torch.zeros(lanes, **i32),
+        q_start=torch.arange(lanes, **i32) * tokens,
+        num_q=torch.full((lanes,), tokens, **i32),
+        first_pos=first_pos,
+        ctx_len=ctx_len,
+        kv_off=torch.arange(lanes, **i64) * max_ctx,
+        kv_slots=kv_slots,
+        block_q=block_q_for(group),
+    )
+    return ForwardBatch(
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        seqs=(),
+        logits_indices=torch.arange(lanes * tokens, **i64),
+        attn_meta={group: meta},
+        features=features,
+    )
+
+
+def valid_slots(row: tuple[list[int], int] | None, blocks: list[int], block_size: int) -> int:
+    """How many leading kv_slots entries of a lane row are already right for a lane with these
+    blocks, given what the row holds: (the blocks it was written from, positions written). An
+    entry is a pure function of the block at its position, so whichever lane the row held before,
+    entries in the blocks it shares with this one stay right (a truncation after rejected
+    drafts, a preemption or another lane changes the blocks)."""
+    if row is None:
+        return 0
+    old, written = row
+    if blocks[: len(old)] == old:
+        return written
+    pairs = enumerate(zip(old, blocks, strict=False))
+    same = next((j for j, (a, b) in pairs if a != b), min(len(old), len(blocks)))
+    return min(written, same * block_size)
+
+
 class _Graph:
     def __init__(
         self, lanes: int, tokens: int, max_ctx: int, group: int, device, fuse=None
@@ -41,29 +90,19 @@ class _Graph:
         self.first_pos = torch.zeros(lanes, **i32)
         self.ctx_len = torch.ones(lanes, **i32)
         self.kv_slots = torch.zeros(lanes * max_ctx, **i64)
-        meta = AttentionMeta(
-            tile_seq=torch.arange(lanes, **i32),
-            tile_q0=torch.zeros(lanes, **i32),
-            q_start=torch.arange(lanes, **i32) * tokens,
-            num_q=torch.full((lanes,), tokens, **i32),
-            first_pos=self.first_pos,
-            ctx_len=self.ctx_len,
-            kv_off=torch.arange(lanes, **i64) * max_ctx,
-            kv_slots=self.kv_slots,
-            block_q=block_q_for(group),
-        )
         # EAGLE-style drafters read a target feature per row: a static buffer like the ids
         self.features = (
             None if fuse is None else fuse.new_zeros((n, fuse.shape[1] // 2), device=device)
         )
-        self.batch = ForwardBatch(
-            input_ids=self.input_ids,
-            positions=self.positions,
-            slot_mapping=self.slot_mapping,
-            seqs=(),
-            logits_indices=torch.arange(n, **i64),
-            attn_meta={group: meta},
-            features=self.features,
+        self.batch = static_batch(
+            group,
+            self.input_ids,
+            self.positions,
+            self.slot_mapping,
+            self.first_pos,
+            self.ctx_len,
+            self.kv_slots,
+            self.features,
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -72,19 +111,8 @@ class _Graph:
         self.rows: list[tuple[list[int], int] | None] = [None] * lanes
 
     def valid_slots(self, i: int, blocks: list[int], block_size: int) -> int:
-        """How many leading kv_slots entries of lane row i are already right for a lane with
-        these blocks. An entry is a pure function of the block at its position, so whichever
-        lane the row held before, entries in the blocks it shares with this one stay right (a
-        truncation after rejected drafts, a preemption or another lane changes the blocks)."""
-        row = self.rows[i]
-        if row is None:
-            return 0
-        old, written = row
-        if blocks[: len(old)] == old:
-            return written
-        pairs = enumerate(zip(old, blocks, strict=False))
-        same = next((j for j, (a, b) in pairs if a != b), min(len(old), len(blocks)))
-        return min(written, same * block_size)
+        """How many leading kv_slots entries of lane row i are already right (`valid_slots`)."""
+        return valid_slots(self.rows[i], blocks, block_size)
 
 
 class DecodeGraphs:
@@ -185,13 +213,24 @@ class DecodeGraphs:
         g.kv_slots.fill_(self.scratch_slot)
         g.ctx_len.fill_(tokens)
         g.positions.copy_(torch.arange(tokens, device=self.device).repeat(lanes))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up: Triton compiles, the allocator settles
-            self.decoder.forward(g.batch, self.kv)
-        torch.cuda.current_stream().wait_stream(side)
-        g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=self.pool):
-            g.logits = self.decoder.forward(g.batch, self.kv)
-            g.hidden = self.decoder.last_hidden
+
+        def forward():
+            return self.decoder.forward(g.batch, self.kv), self.decoder.last_hidden
+
+        g.graph, (g.logits, g.hidden) = capture(self.pool, forward)
         return g
+
+
+def capture(pool, body):
+    """(a CUDA graph of body(), what body returned: static tensors each replay refreshes). body
+    runs once first on a side stream, so Triton compiles and the allocator settles outside
+    the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        result = body()
+    return graph, result

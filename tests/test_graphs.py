@@ -11,6 +11,9 @@ from bench.shapes import TINY, random_checkpoint
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter.replay import ReplayProposer
 
+# drafts of a fixed length, not chosen from measured times (which differ from run to run)
+FIXED_K = dict(num_draft_tokens=4, adaptive_drafts=False, cost_aware_drafts=False)
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 
@@ -43,6 +46,24 @@ def test_graphed_equals_eager(params):
     graphed.check_integrity()
 
 
+def drafted_equals_plain(engine, prompts, params, wanted=None) -> list:
+    """Generate with the engine's drafter, recording its drafts (each round's, on the host), and
+    check the output equals draft: false. wanted: maps the engine's draft lengths to the ones
+    asked of the drafter."""
+    propose, drafts = engine.proposer.propose, []
+
+    def recording(lanes, num_drafts):
+        made = propose(lanes, num_drafts if wanted is None else wanted(num_drafts))
+        drafts.append([d.host_ids() for d in made])
+        return made
+
+    engine.proposer.propose = recording
+    got = engine.generate(prompts, params)
+    plain = engine.generate(prompts, dataclasses.replace(params, draft=False))
+    assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+    return drafts
+
+
 @pytest.mark.parametrize("layers", [None, (0, 1)], ids=["final-feature", "two-layers"])
 def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
     """The EAGLE-style drafter's forwards (features in a static buffer) replay as graphs and
@@ -56,22 +77,34 @@ def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     seen = {}
     for graphs in (False, True):
-        cfg = EngineConfig(device="cuda", drafter=str(out), cuda_graphs=graphs)
+        cfg = EngineConfig(device="cuda", drafter=str(out), cuda_graphs=graphs, **FIXED_K)
         engine = build_engine(str(target_dir), cfg)
-        propose, drafts = engine.proposer.propose, []
-
-        def recording(lanes, num_drafts, propose=propose, drafts=drafts):
-            made = propose(lanes, num_drafts)
-            drafts.append([d.host_ids() for d in made])
-            return made
-
-        engine.proposer.propose = recording
-        got = engine.generate(prompts, params)
-        plain = engine.generate(prompts, dataclasses.replace(params, draft=False))
-        assert [g.token_ids for g in got] == [p.token_ids for p in plain]
-        seen[graphs] = drafts
-        if graphs:
+        seen[graphs] = drafted_equals_plain(engine, prompts, params)
+        if graphs:  # the catch-up forwards as graphs, drafts 2..4 as one chained replay
             assert engine.proposer.runner.graphs.num_replays > 0
+            assert engine.proposer.chain.num_replays > 0
+    assert seen[True] == seen[False] and any(any(d) for d in seen[True])
+
+
+@pytest.mark.parametrize("chained", [False, True], ids=["separate-replays", "one-chain"])
+def test_model_drafter_graphed_equals_eager(tiny_models, chained):
+    """The model drafter's steps replayed as graphs (and chained in one replay) propose the eager
+    drafts, with lanes wanting different numbers of drafts; output stays the undrafted one."""
+    target_dir, _ = tiny_models["llama"]
+    prompts = [[(3 * i + 5 * j) % 200 for j in range(9 + 23 * i)] for i in range(3)]
+    params = SamplingParams(max_tokens=18, ignore_eos=True)
+    seen = {}
+    for graphs in (False, True):
+        cfg = EngineConfig(device="cuda", drafter=str(target_dir), cuda_graphs=graphs, **FIXED_K)
+        engine = build_engine(str(target_dir), cfg)
+        if graphs and not chained:
+            engine.proposer.chain = None
+        # different draft lengths per lane: the chain's short lanes repeat their last step
+        seen[graphs] = drafted_equals_plain(
+            engine, prompts, params, lambda ks: [max(min(k, 1), k - i) for i, k in enumerate(ks)]
+        )
+        if graphs and chained:
+            assert engine.proposer.chain.num_replays > 0
     assert seen[True] == seen[False] and any(any(d) for d in seen[True])
 
 
