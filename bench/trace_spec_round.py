@@ -141,7 +141,9 @@ def main() -> None:
         with cProfile.Profile() as host:
             for _ in range(args.cprofile):
                 engine.step()
-        pstats.Stats(host).sort_stats("tottime").print_stats(30)
+        stats = pstats.Stats(host)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(45)
 
 
 if __name__ == "__main__":

@@ -62,17 +62,19 @@ def collect_drafts(
     ]
 
 
-def chain_rest(
+def run_chained(
     graphs: ChainGraphs | None,
     steps: Sequence[Step],
     wanted: dict[int, int],
+    done: int,
     chain: DeviceChain,
-    previous: torch.Tensor,
+    previous: torch.Tensor | None = None,
 ) -> bool:
-    """Drafts 2..k of every lane in one graph replay (lanes.chain_graphs), added to `chain`,
-    where the graphs take these steps (one-row steps of shadows of lanes; wanted: drafts per
-    request); False, with nothing run, where they do not."""
-    counts = [wanted[s.lane.lane.request_id] - 1 for s in steps]
+    """Run steps (of shadows of lanes) and the drafter's forwards after them as one graph
+    replay (lanes.chain_graphs), adding the samples to `chain`: each lane's wanted[request]
+    drafts less the `done` ones already made. False, with nothing run, where the graphs do not
+    take these steps."""
+    counts = [wanted[s.lane.lane.request_id] - done for s in steps]
     if graphs is None or not steps or not graphs.supports(steps, counts):
         return False
     keys = [s.lane.lane.request_id for s in steps]

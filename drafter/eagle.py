@@ -50,7 +50,7 @@ from lanes.cache.prompt_cache import PromptCache
 from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
-from lanes.drafter.base import Draft, Proposer, chain_rest, collect_drafts
+from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
 from lanes.rounds import Step
@@ -305,6 +305,13 @@ class EagleDrafter(Proposer):
         # feature guesses there, and the host reads all k tokens once (lanes.device_sampling).
         chain = DeviceChain(self.runner.decoder.ops.name == "triton")
         on_device = all(lane.params.is_greedy for lane in lanes)
+        ids = [lane.request_id for lane in lanes]
+        # the whole round as one graph replay where it fits (lanes.chain_graphs)
+        if on_device and run_chained(self.chain, steps, wanted, 0, chain):
+            for s in steps:
+                s.lane.advance(s.end)
+                self._publish(s.lane)
+            return collect_drafts(ids, drafts, logprobs, chain)
         previous = None
         for j in range(max(wanted.values(), default=0)):
             if not steps:
@@ -341,9 +348,9 @@ class EagleDrafter(Proposer):
                         Step(shadow, r, r + 1, num_logits=1, features=feature, **follow)
                     )
             steps = next_steps
-            if on_device and j == 0 and chain_rest(self.chain, steps, wanted, chain, previous):
+            # drafts 2..k as one graph replay, where the catch-up did not fit one
+            if on_device and j == 0 and run_chained(self.chain, steps, wanted, 1, chain, previous):
                 break
-        ids = [lane.request_id for lane in lanes]
         return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
-from lanes.drafter.base import Draft, Proposer, chain_rest, collect_drafts
+from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
 from lanes.rounds import Step
@@ -149,6 +149,12 @@ class ModelDrafter(Proposer):
         # and the host reads all k tokens once (not once per draft step).
         chain = DeviceChain(self.ops.name == "triton")
         on_device = all(lane.params.is_greedy for lane in lanes)
+        ids = [lane.request_id for lane in lanes]
+        # the whole round as one graph replay where it fits (lanes.chain_graphs)
+        if on_device and run_chained(self.chain, steps, wanted, 0, chain):
+            for s in steps:  # positions [num_computed, num_known + drafts - 1) computed
+                s.lane.num_computed = s.end - 1 + wanted[s.lane.lane.request_id]
+            return collect_drafts(ids, drafts, logprobs, chain)
         previous = None
         for j in range(max(wanted.values(), default=0)):
             if not steps:
@@ -172,11 +178,11 @@ class ModelDrafter(Proposer):
                 if j + 1 < wanted[lane.request_id]:
                     next_steps.append(Step(shadow, position, position + 1, num_logits=1, **follow))
             steps = next_steps
-            if on_device and j == 0 and chain_rest(self.chain, steps, wanted, chain, previous):
+            # drafts 2..k as one graph replay, where the catch-up did not fit one
+            if on_device and j == 0 and run_chained(self.chain, steps, wanted, 1, chain, previous):
                 for s in steps:  # the chain computed positions [start, start + drafts - 1)
                     s.lane.num_computed = s.start + wanted[s.lane.lane.request_id] - 1
                 break
-        ids = [lane.request_id for lane in lanes]
         return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 
     def accepted(self, lane: Lane) -> None:

@@ -28,11 +28,20 @@ MAX_TOKENS_PER_LANE = 16
 
 
 def static_batch(
-    group: int, input_ids, positions, slot_mapping, first_pos, ctx_len, kv_slots, features=None
+    group: int,
+    input_ids,
+    positions,
+    slot_mapping,
+    first_pos,
+    ctx_len,
+    kv_slots,
+    features=None,
+    last_rows_only: bool = False,
 ) -> ForwardBatch:
     """A ForwardBatch over static buffers: lanes of equal row counts, lane i's context slots at
-    kv_slots[i * max_ctx:] (the layout above); every row yields logits. The shapes say the
-    layout: lanes = len(first_pos), rows per lane, max_ctx = len(kv_slots) / lanes."""
+    kv_slots[i * max_ctx:] (the layout above); every row yields logits, or only each lane's
+    last. The shapes say the layout: lanes = len(first_pos), rows per lane, max_ctx =
+    len(kv_slots) / lanes."""
     lanes = first_pos.shape[0]
     tokens, max_ctx = input_ids.shape[0] // lanes, kv_slots.shape[0] // lanes
     device = input_ids.device
@@ -54,7 +63,11 @@ def static_batch(
         positions=positions,
         slot_mapping=slot_mapping,
         seqs=(),
-        logits_indices=torch.arange(lanes * tokens, **i64),
+        logits_indices=(
+            torch.arange(1, lanes + 1, **i64) * tokens - 1
+            if last_rows_only
+            else torch.arange(lanes * tokens, **i64)
+        ),
         attn_meta={group: meta},
         features=features,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lanes.cache.block_table import BlockTable
-from lanes.chain_graphs import _Chain
+from lanes.chain_graphs import _Chain, _LaneSlots
 from lanes.graphs import _Graph
 from lanes.rounds import Step
 
@@ -34,30 +34,36 @@ class _Lane:
 
 
 def test_chain_layout_steps_lanes_and_padding():
-    """A (4 lanes, 3 steps) chain over two lanes: one wants 3 steps from position 5, one wants
-    1 from position 2 (its later steps repeat position 2 and write to the scratch slot), and two
-    padding lanes; kv_slots entries are set once and only where they are not already right."""
-    chain = _Chain(lanes=4, num_steps=3, max_ctx=8, device="cpu")
-    a, b = _Lane(list(range(10, 16)), [7, 2]), _Lane([20, 21], [5])
-    steps = [Step(a, 5, 6), Step(b, 2, 3, pending_row=0)]
+    """A (4 lanes, T = 2, S = 3) chain over two lanes: one catches up positions 4..5 and wants 3
+    samples (forwards 1, 2 at positions 6, 7), one catches up 1..2 and wants 1 (its later
+    forwards repeat position 2 and write to the scratch slot), and two padding lanes; kv_slots
+    entries are set once and only where they are not already right."""
+    slots = _LaneSlots(lanes=4, max_ctx=8, scratch=99, device="cpu")
+    chain = _Chain(lanes=4, tokens=2, num_steps=3, slots=slots, fuse=None)
+    a, b = _Lane(list(range(10, 16)), [7, 2]), _Lane([20, 21, 22], [5])
+    steps = [Step(a, 4, 6), Step(b, 1, 3)]
     values = chain.layout(steps, [3, 1], scratch=99)
-    ids, grid, rest = values[:4], values[4:52], values[52:]
-    assert ids == [15, 0, 0, 0]  # lane b's token comes from the device (pending row)
-    positions, slots, first, ctx = (grid[12 * k : 12 * k + 12] for k in range(4))
-    assert positions == [5, 2, 0, 0, 6, 2, 1, 1, 7, 2, 2, 2]  # [step][lane]
-    assert slots == [9, 22, 99, 99, 10, 99, 99, 99, 11, 99, 99, 99]  # block 2 = slots 8..11
-    assert first == positions and ctx == [p + 1 for p in positions]
+    first, later, meta, rest = values[:24], values[24:40], values[40:64], values[64:]
+    assert first[:8] == [14, 15, 21, 22, 0, 0, 0, 0]  # forward 0's ids
+    assert first[8:16] == [4, 5, 1, 2, 0, 1, 0, 1]  # its positions
+    assert first[16:] == [8, 9, 21, 22, 99, 99, 99, 99]  # its KV slots (block 2 = slots 8..11)
+    assert later[:8] == [6, 2, 1, 1, 7, 2, 1, 1]  # forwards 1, 2: positions [step][lane]
+    assert later[8:] == [10, 99, 99, 99, 11, 99, 99, 99]  # and KV slots
+    assert meta[:12] == [4, 1, 0, 0, 6, 2, 1, 1, 7, 2, 1, 1]  # first positions
+    assert meta[12:] == [6, 3, 2, 2, 7, 3, 2, 2, 8, 3, 2, 2]  # context lengths
     where, what = rest[: len(rest) // 2], rest[len(rest) // 2 :]
-    assert where == [*range(0, 8), *range(8, 11), *range(16, 19), *range(24, 27)]
-    assert what == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21, 22, *[99] * 6]
-    assert chain.rows[:2] == [([7, 2], 8), ([5], 3)] and chain.rows[2:] == [None, None]
-    # one position on, inside what the rows hold: only the padding lanes' entries again
-    steps = [Step(a, 6, 7, pending_row=0), Step(b, 2, 3, pending_row=1)]
-    rest = chain.layout(steps, [2, 1], scratch=99)[52:]
-    assert rest[: len(rest) // 2] == [*range(16, 19), *range(24, 27)]
+    assert where == [*range(0, 8), *range(8, 11), 16, 17, 24, 25]
+    assert what == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21, 22, 99, 99, 99, 99]
+    assert slots.rows[:2] == [([7, 2], 8), ([5], 3)] and slots.rows[2:] == [None, None]
+    # one position on, inside what the rows hold: only the padding lanes' entries again, and
+    # another chain of the same lane bucket shares what this one wrote
+    other = _Chain(lanes=4, tokens=1, num_steps=2, slots=slots, fuse=None)
+    steps = [Step(a, 6, 7, pending_row=0), Step(b, 2, 3)]
+    rest = other.layout(steps, [2, 1], scratch=99)[4 * 3 + 2 * 1 * 4 + 2 * 2 * 4 :]
+    assert rest[: len(rest) // 2] == [16, 24]
     # lane b moved to new blocks (preempted and back): its row is rewritten from the start
     b.block_table.truncate(0)
     b.block_table.append([6])
-    rest = chain.layout(steps, [2, 1], scratch=99)[52:]
+    rest = other.layout(steps, [2, 1], scratch=99)[36:]
     where, what = rest[: len(rest) // 2], rest[len(rest) // 2 :]
     assert where[:3] == [8, 9, 10] and what[:3] == [24, 25, 26]
