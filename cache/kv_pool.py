@@ -6,7 +6,7 @@ import torch
 
 
 class KVPool:
-    """K and V for every layer, `num_blocks * block_size` slots each.
+    """K and V for every attention layer, `num_blocks * block_size` slots each.
 
     Layout per layer: k[layer] and v[layer] are [num_slots, num_kv_heads, head_dim]; slot
     `block * block_size + offset` holds one token. Slots never written read as zeros (the pool is
@@ -29,6 +29,7 @@ class KVPool:
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.states = None  # hybrid models: the recurrent-state slots (cache.state_pool)
 
     @staticmethod
     def bytes_per_block(

@@ -424,6 +424,11 @@ def distill(
             "lanes distill cannot train a drafter for a mixture-of-experts target yet (its head "
             "starts from the target's last layer, a dense one); use --drafter ngram or a model"
         )
+    if tcfg.is_hybrid:
+        raise ValueError(
+            "lanes distill cannot train a drafter for a hybrid (DeltaNet) target yet; use "
+            "--drafter ngram"
+        )
     if not tcfg.tie_word_embeddings:
         raise ValueError("lanes distill uses the target's tied embedding as the drafter's LM head")
     sources = {"pydoc": pydoc_texts()}

@@ -80,6 +80,11 @@ class ModelDrafter(Proposer):
 
     def __init__(self, checkpoint: Checkpoint, target_tokenizer: Tokenizer, config: EngineConfig):
         check_same_tokenizer(checkpoint.tokenizer, target_tokenizer)
+        if checkpoint.config.is_hybrid:
+            raise ConfigError(
+                f"drafter {checkpoint.source} is a hybrid (DeltaNet) model; lanes drafts with "
+                "attention-only models, n-gram lookup, or a `lanes distill` head"
+            )
         self.config = config
         self.source = checkpoint.source
         dtype = getattr(torch, config.torch_dtype_name)

@@ -25,6 +25,10 @@ class SeqSlice:
     num_queries: int
     context_len: int
     kv_slots: torch.Tensor  # [context_len] int64
+    # hybrid models: the lane's recurrent-state slot (cache.state_pool), and whether to keep the
+    # state after every row (verify steps, whose trailing rows may be rejected)
+    state_slot: int = -1
+    keep_states: bool = False
 
     @property
     def first_position(self) -> int:

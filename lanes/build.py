@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from lanes.backends import make_ops
 from lanes.cache.kv_pool import KVPool
-from lanes.config import EngineConfig
+from lanes.config import ConfigError, EngineConfig
 from lanes.drafter import Proposer, make_proposer
 from lanes.engine import Engine
 from lanes.models import Checkpoint, build_decoder, open_checkpoint
@@ -53,12 +53,29 @@ def build_engine(
         decoder = Decoder(local, weights, ops, parallel, parallel.rank * local.vocab_size)
     mc = ckpt.config
     per_block = KVPool.bytes_per_block(
-        mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype
+        len(mc.attention_layers), cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype
     )
-    runner = build_runner(decoder, max(1, cfg.kv_cache_bytes // per_block), cfg, dtype)
+    budget = cfg.kv_cache_bytes - _state_bytes(mc, cfg.max_lanes)
+    if budget < per_block:
+        raise ConfigError(
+            f"--kv-cache-bytes {cfg.kv_cache_bytes} does not hold the recurrent state of "
+            f"{cfg.max_lanes} lanes ({_state_bytes(mc, cfg.max_lanes)} bytes) and one KV block"
+        )
+    runner = build_runner(decoder, max(1, budget // per_block), cfg, dtype)
     if proposer is None and (parallel is None or parallel.rank == 0):
         proposer = make_proposer(cfg.drafter, cfg, ckpt)
     return engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
+
+
+def _state_bytes(mc, lanes: int) -> int:
+    """What a hybrid model's recurrent-state slots take of the KV budget (0 for others)."""
+    if not mc.is_hybrid:
+        return 0
+    from lanes.cache.state_pool import StatePool
+    from lanes.models.deltanet import deltanet_state_shapes
+
+    conv, state = deltanet_state_shapes(mc)
+    return lanes * StatePool.bytes_per_slot(len(mc.linear_layers), conv, state)
 
 
 def _rank_main(rank: int, world: int, init_file: str, model: str, config, job, results) -> None:

@@ -15,7 +15,16 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # Qwen3.5: gated DeltaNet layers between gated full-attention ones (lanes/models/deltanet.py);
+    # the vision-language wrapper is served as its text part
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",  # the same, with routed experts + a shared expert
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
+# vision-language wrappers served as their language model (config `text_config`)
+VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 
 
 class ConfigError(ValueError):
@@ -49,7 +58,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe"
+    family: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "qwen3_5" | "qwen3_5_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -73,6 +82,20 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
     moe_layers: tuple[int, ...] = ()
+    # Qwen3.5-MoE: each MoE layer also runs a shared SiLU MLP of this size on every token,
+    # scaled by sigmoid(its gate); 0: none
+    shared_expert_intermediate_size: int = 0
+    # Hybrids (Qwen3.5): each layer's token mixer, LINEAR_ATTENTION (a gated DeltaNet with a
+    # recurrent state per lane) or FULL_ATTENTION; () means every layer attends
+    layer_types: tuple[str, ...] = ()
+    rotary_dim: int = 0  # RoPE on the first rotary_dim dims of each head (0: all of head_dim)
+    attn_output_gate: bool = False  # attention output * sigmoid(a gate q_proj also projects)
+    zero_centred_norms: bool = False  # RMSNorm weights stored as w, applied as (1 + w)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
 
     def __post_init__(self) -> None:
         if self.family not in SUPPORTED_ARCHITECTURES.values():
@@ -103,6 +126,24 @@ class ModelConfig:
         return bool(self.moe_layers)
 
     @property
+    def is_hybrid(self) -> bool:
+        """Some layers keep a recurrent state per lane instead of (or beside) KV."""
+        return LINEAR_ATTENTION in self.layer_types
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR_ATTENTION)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Layers with K/V in the paged pool, in order (the pool holds only these)."""
+        return tuple(i for i in range(self.num_layers) if i not in self.linear_layers)
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -119,6 +160,11 @@ class ModelConfig:
         arch = archs[0] if isinstance(archs, list) and archs else raw.get("model_type", "?")
         if not isinstance(arch, str):
             raise ConfigError(f"'architectures' must name a class, got {archs!r:.60}")
+        if arch in VISION_LANGUAGE:  # its language model's config
+            text = raw.get("text_config")
+            if not isinstance(text, dict):
+                raise ConfigError("'text_config' is missing or not an object")
+            raw = {"tie_word_embeddings": raw.get("tie_word_embeddings", False), **text}
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
                 f"unsupported architecture {arch!r}; lanes supports: "
@@ -130,6 +176,7 @@ class ModelConfig:
         if num_heads <= 0:
             raise ConfigError(f"'num_attention_heads' must be positive, got {num_heads}")
         max_pos = _number(raw, "max_position_embeddings", int, 2048)
+        head_dim = _number(raw, "head_dim", int, 0) or hidden // num_heads
         window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
         if family == "mistral" and isinstance(window, int) and 0 < window < max_pos:
             max_pos = window  # full attention is exact only inside the window
@@ -145,20 +192,92 @@ class ModelConfig:
             num_layers=_number(raw, "num_hidden_layers", int),
             num_heads=num_heads,
             num_kv_heads=_number(raw, "num_key_value_heads", int, num_heads) or num_heads,
-            head_dim=_number(raw, "head_dim", int, 0) or hidden // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=_number(raw, "rms_norm_eps", float, 1e-6),
             rope_theta=_rope_theta(raw),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "qwen3_moe"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"),
             rope_scaling=_rope_scaling(raw),
             bos_token_id=raw.get("bos_token_id")
             if isinstance(raw.get("bos_token_id"), int)
             else None,
             eos_token_ids=eos_ids,
-            **(_moe_fields(raw) if family == "qwen3_moe" else {}),
+            **_family_fields(raw, family, head_dim),
         )
+
+
+def _family_fields(raw: dict[str, Any], family: str, head_dim: int) -> dict[str, Any]:
+    """The fields only some families have: experts, hybrid layers, a shared expert."""
+    fields: dict[str, Any] = {}
+    if family in ("qwen3_moe", "qwen3_5_moe"):
+        fields.update(_moe_fields(raw))
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        fields.update(_hybrid_fields(raw, head_dim))
+    if family == "qwen3_5_moe":
+        fields.update(_shared_expert_fields(raw))
+    return fields
+
+
+def _shared_expert_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5-MoE: a shared expert beside the routed ones; the router always renormalises."""
+    size = _number(raw, "shared_expert_intermediate_size", int, 0)
+    if size < 0:
+        raise ConfigError(f"'shared_expert_intermediate_size' must be >= 0, got {size}")
+    return {"shared_expert_intermediate_size": size, "norm_topk_prob": True}
+
+
+def _hybrid_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """Qwen3.5: `layer_types`, the DeltaNet layers' shapes, partial RoPE, gated attention."""
+    num_layers = _number(raw, "num_hidden_layers", int)
+    types = raw.get("layer_types")
+    if types is None:  # transformers' default: every `full_attention_interval`-th layer attends
+        every = _number(raw, "full_attention_interval", int, 4)
+        types = [
+            FULL_ATTENTION if (i + 1) % every == 0 else LINEAR_ATTENTION for i in range(num_layers)
+        ]
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ConfigError(
+            f"'layer_types' must list one type per layer ({num_layers}), got {types!r:.60}"
+        )
+    unknown = sorted({t for t in types if t not in (LINEAR_ATTENTION, FULL_ATTENTION)}, key=str)
+    if unknown:
+        raise ConfigError(
+            f"'layer_types' names {unknown!r:.60}; lanes supports {LINEAR_ATTENTION!r} and "
+            f"{FULL_ATTENTION!r}"
+        )
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"'hidden_act' must be 'silu', got {raw.get('hidden_act')!r:.40}")
+    params = raw.get("rope_parameters") or {}
+    factor = _number({**params, **raw}, "partial_rotary_factor", float, 0.25)
+    rotary = int(head_dim * factor)
+    if not 0 < rotary <= head_dim or rotary % 2:
+        raise ConfigError(
+            f"'partial_rotary_factor' {factor} gives {rotary} rotary dims of {head_dim}"
+        )
+    fields = {
+        "layer_types": tuple(types),
+        "rotary_dim": rotary,
+        "attn_output_gate": bool(raw.get("attn_output_gate", True)),
+        "zero_centred_norms": True,
+    }
+    for name, key in (
+        ("linear_num_key_heads", "linear_num_key_heads"),
+        ("linear_num_value_heads", "linear_num_value_heads"),
+        ("linear_key_head_dim", "linear_key_head_dim"),
+        ("linear_value_head_dim", "linear_value_head_dim"),
+        ("linear_conv_kernel", "linear_conv_kernel_dim"),
+    ):
+        fields[name] = _number(raw, key, int)
+        if fields[name] <= 0:
+            raise ConfigError(f"'{key}' must be positive, got {fields[name]}")
+    if fields["linear_num_value_heads"] % fields["linear_num_key_heads"]:
+        raise ConfigError(
+            "'linear_num_value_heads' must be a multiple of 'linear_num_key_heads', got "
+            f"{fields['linear_num_value_heads']} and {fields['linear_num_key_heads']}"
+        )
+    return fields
 
 
 def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:

@@ -107,8 +107,11 @@ class Engine:
         self.comm = comm
         bs = cfg.block_size
         self.bytes_per_block = KVPool.bytes_per_block(
-            mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, self.dtype
+            len(mc.attention_layers), bs, mc.num_kv_heads, mc.head_dim, self.dtype
         )
+        # hybrids: each running lane's recurrent state. Without snapshots of it in the prompt
+        # cache (not built yet), a cached prefix cannot be resumed: hybrids never match one.
+        self.states = runner.kv.states
         self.pool = BlockPool(runner.num_blocks)
         self.cache = PromptCache(
             self.pool, checkpoint.fingerprint, cfg.prompt_cache_bytes // self.bytes_per_block
@@ -597,6 +600,8 @@ class Engine:
         # KV is valid up to the last kept token's input; rejected drafts' positions are not.
         # Set before a lane that ends here is released, so its last chunk is published too.
         lane.num_computed = min(s.end, lane.num_known - 1)
+        if self.states is not None:  # the recurrent state back to the last kept position
+            self.states.settle(lane.state_slot, lane.num_computed)
         if lane.finish_reason is not None:
             return self._end(lane, LaneState.DONE)
         self.cache.release(lane.block_table.truncate(lane.num_known))
@@ -697,6 +702,8 @@ class Engine:
                 self.cache.release(matched)
                 break
             lane.block_table.append(matched)
+            if self.states is not None:
+                lane.state_slot = self.states.allocate()
             lane.num_computed = len(matched) * bs
             lane.num_published = len(matched)
             if not lane.output_ids:  # first admission, not a return from preemption
@@ -708,6 +715,8 @@ class Engine:
 
     def _match_prefix(self, lane: Lane) -> list[int]:
         """The cached blocks of the lane's longest cached prefix (referenced for the lane)."""
+        if self.states is not None:  # no state snapshots to resume a hybrid from
+            return []
         bs = self.config.block_size
         tokens = lane.all_ids()
         lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
@@ -766,7 +775,7 @@ class Engine:
         preemption). Only blocks below num_computed: their forward has completed."""
         bs = self.config.block_size
         complete = lane.num_computed // bs
-        if complete <= lane.num_published:
+        if complete <= lane.num_published or self.states is not None:
             return
         tokens = lane.all_ids()[: complete * bs]
         lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
@@ -777,6 +786,9 @@ class Engine:
     def _release(self, lane: Lane) -> None:
         self._publish(lane)
         self.cache.release(lane.block_table.clear())
+        if self.states is not None:
+            self.states.release(lane.state_slot)
+            lane.state_slot = -1
         if self.proposer is not None:
             self.proposer.release(lane)
 
@@ -843,8 +855,11 @@ class Engine:
         return bool(hits)
 
     def check_integrity(self) -> None:
-        """Blocks: every reference is a lane's or the cache's; nothing leaked (see PromptCache)."""
+        """Blocks: every reference is a lane's or the cache's; nothing leaked (see PromptCache).
+        Hybrids: every recurrent-state slot is free or a running lane's."""
         self.cache.check_integrity(lane.block_table.blocks for lane in self.running)
+        if self.states is not None:
+            self.states.check_integrity([lane.state_slot for lane in self.running])
 
     # ---- whole requests -------------------------------------------------------------------
 
@@ -868,10 +883,16 @@ class Engine:
             raise RequestError(
                 f"scoring needs {need} KV blocks, {self.cache.num_available} are free"
             )
+        if self.states is not None and len(lanes) > self.states.num_free:
+            raise RequestError(
+                f"scoring needs {len(lanes)} recurrent-state slots, {self.states.num_free} are free"
+            )
         for lane in lanes:
             lane.block_table.append(
                 self.cache.allocate(lane.block_table.blocks_needed(lane.num_known))
             )
+            if self.states is not None:
+                lane.state_slot = self.states.allocate()
         try:
             steps = [Step(lane, 0, lane.num_known) for lane in lanes]
             logits = self.runner.execute(steps, all_logits=True)
@@ -879,6 +900,8 @@ class Engine:
         finally:
             for lane in lanes:
                 self.cache.release(lane.block_table.clear())
+                if self.states is not None:
+                    self.states.release(lane.state_slot)
         sizes = [lane.num_known for lane in lanes]
         features = hidden.split(sizes) if keep_features else [None] * len(lanes)
         return list(zip(logits.split(sizes), features, strict=True))

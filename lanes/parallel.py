@@ -59,6 +59,8 @@ class Comm:
 def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
     if cfg.is_moe:
         raise ConfigError(f"tensor parallel {world}: mixture-of-experts models run on one GPU")
+    if cfg.is_hybrid:
+        raise ConfigError(f"tensor parallel {world}: hybrid (DeltaNet) models run on one GPU")
     for name in ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
         if getattr(cfg, name) % world:
             raise ConfigError(

@@ -47,6 +47,8 @@ class ModelRunner:
                     num_queries=n,
                     context_len=step.end,
                     kv_slots=_to_device(context_slots, self.device),
+                    state_slot=getattr(lane, "state_slot", -1),
+                    keep_states=step.num_logits > 1,
                 )
             )
             ids.extend(step.token_ids())
@@ -118,8 +120,20 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
     """
     mc, bs = decoder.cfg, config.block_size
     kv = KVPool(
-        mc.num_layers, num_blocks + 1, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device
+        len(mc.attention_layers),
+        num_blocks + 1,
+        bs,
+        mc.num_kv_heads,
+        mc.head_dim,
+        dtype,
+        config.device,
     )
+    if mc.is_hybrid:  # one recurrent-state slot per lane that can run
+        from lanes.cache.state_pool import StatePool
+        from lanes.models.deltanet import deltanet_state_shapes
+
+        conv, state = deltanet_state_shapes(mc)
+        kv.states = StatePool(config.max_lanes, len(mc.linear_layers), conv, state, config.device)
     graphs = None
     if (
         config.cuda_graphs
@@ -127,6 +141,7 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         and decoder.ops.name == "triton"
         and decoder.comm is None
         and not mc.is_moe  # routing reads which experts a batch uses on the host: not capturable
+        and not mc.is_hybrid  # the recurrence loops over each lane's rows on the host
     ):
         from lanes.graphs import DecodeGraphs
 

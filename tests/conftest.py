@@ -72,14 +72,65 @@ ARCHS = {
             "mlp_only_layers": [1],
         },
     ),
+    # Qwen3.5 hybrid: layers 0-2 gated DeltaNet (2 key heads over 4 value heads), layer 3
+    # gated attention with partial RoPE (a quarter of head_dim). Smaller weights: at 0.25 the
+    # recurrent state grows until transformers' chunked prefill and lanes' recurrence (both
+    # float32) differ by ~7e-4 over 120 tokens, each ~3-8e-4 from a float64 run
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        {
+            "initializer_range": 0.1,
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+        },
+    ),
 }
+ARCHS["qwen3_5_moe"] = (  # the same hybrid, every MLP routed (2 of 8 experts) + a shared one
+    "Qwen3_5MoeTextConfig",
+    {
+        **ARCHS["qwen3_5"][1],
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    },
+)
+# Zero-centred norms (stored w, applied 1 + w) start at w = 0: perturbed, so the offset is tested
+_PERTURB_NORMS = {"qwen3_5", "qwen3_5_moe"}
 _MODEL_CLASSES = {
     "LlamaConfig": "LlamaForCausalLM",
     "MistralConfig": "MistralForCausalLM",
     "Qwen2Config": "Qwen2ForCausalLM",
     "Qwen3Config": "Qwen3ForCausalLM",
     "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
+    "Qwen3_5TextConfig": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeTextConfig": "Qwen3_5MoeForCausalLM",
 }
+
+
+def matches_transformers_over_chunks(path: Path, hf, text: str, max_tokens: int) -> None:
+    """A long prompt in 16-token prefill chunks: greedy tokens equal transformers' generate,
+    then logits over prompt + output within 1e-4 of its forward."""
+    from lanes import EngineConfig, SamplingParams, build_engine
+
+    engine = build_engine(str(path), EngineConfig(prefill_chunk=16, max_tokens_per_round=16))
+    ids = engine.tokenizer.encode(text)
+    assert len(ids) > 64
+    (out,) = engine.generate([ids], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ref = hf.generate(
+            torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0
+        )
+        theirs = hf(torch.tensor([ids + out.token_ids])).logits[0].float()
+    assert out.token_ids == ref[0, len(ids) :].tolist()
+    (ours,) = engine.prompt_logits([ids + out.token_ids])
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    engine.check_integrity()
 
 
 def train_tokenizer(vocab_size: int = 384):
@@ -109,6 +160,11 @@ def write_tiny_model(root: Path, arch: str, seed: int = 0, **overrides):
     config = getattr(transformers, config_name)(vocab_size=tk.get_vocab_size(), **shape)
     torch.manual_seed(seed)
     model = getattr(transformers, _MODEL_CLASSES[config_name])(config).eval()
+    if arch in _PERTURB_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(torch.randn_like(p) * 0.2)
     root.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(root, safe_serialization=True)
     tk.save(str(root / "tokenizer.json"))

@@ -11,6 +11,7 @@ import torch
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.moe import route
+from tests.conftest import matches_transformers_over_chunks
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog " * 3,
@@ -38,17 +39,7 @@ def test_config_reads_the_expert_layout(moe):
 
 def test_logits_match_transformers_over_many_prefill_chunks(moe):
     path, hf = moe
-    engine = build_engine(str(path), EngineConfig(prefill_chunk=16, max_tokens_per_round=16))
-    ids = engine.tokenizer.encode(PROMPTS[0] * 3)
-    assert len(ids) > 64
-    (out,) = engine.generate([ids], SamplingParams(max_tokens=24, ignore_eos=True))
-    hf.generation_config.eos_token_id = None
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, pad_token_id=0)
-        theirs = hf(torch.tensor([ids + out.token_ids])).logits[0].float()
-    assert out.token_ids == ref[0, len(ids) :].tolist()
-    (ours,) = engine.prompt_logits([ids + out.token_ids])
-    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    matches_transformers_over_chunks(path, hf, PROMPTS[0] * 3, 24)
 
 
 def test_routing_breaks_ties_by_expert_id_and_renormalises():

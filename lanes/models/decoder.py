@@ -1,5 +1,5 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE) over a flat
-paged batch."""
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, and the Qwen3.5
+hybrids) over a flat paged batch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from lanes.batch import ForwardBatch
 from lanes.cache.kv_pool import KVPool
 from lanes.config import ModelConfig
+from lanes.models.deltanet import gated_deltanet
 from lanes.models.moe import moe_mlp
 from lanes.models.rope import rope_tables
 from lanes.models.weights import DecoderWeights
@@ -39,13 +40,16 @@ class Decoder:
         self.cos, self.sin = rope_tables(cfg, weights.embed.device)
         self.last_hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] | None = None
+        # the KV pool holds attention layers only (hybrids): layer index -> pool layer
+        self.kv_layer = {layer: i for i, layer in enumerate(cfg.attention_layers)}
+        self.state_layer = {layer: i for i, layer in enumerate(cfg.linear_layers)}
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         cfg, ops, w = self.cfg, self.ops, self.weights
         batch = ops.prepare(batch)
-        n, d, eps = batch.num_tokens, cfg.head_dim, cfg.rms_norm_eps
-        cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, head_dim / 2]
+        eps = cfg.rms_norm_eps
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, rope_dim / 2]
         residual = self._embed(batch.input_ids)  # [n, hidden]
         if w.fuse is not None:  # EAGLE-style drafter: token embedding + the target's feature
             residual = ops.linear(
@@ -54,18 +58,11 @@ class Decoder:
         x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         kept = []  # feature_layers' outputs
         for i, layer in enumerate(w.layers):
-            qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size]
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = q.reshape(n, cfg.num_heads, d)
-            k = k.reshape(n, cfg.num_kv_heads, d)
-            v = v.reshape(n, cfg.num_kv_heads, d)
-            if cfg.qk_norm:
-                q = ops.rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(q.shape)
-                k = ops.rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(k.shape)
-            q, k = ops.rope(q.contiguous(), cos, sin), ops.rope(k.contiguous(), cos, sin)
-            ops.write_kv(kv.k[i], kv.v[i], batch.slot_mapping, k, v.contiguous())
-            attn = ops.attention(q, kv.k[i], kv.v[i], batch)  # [n, num_heads, head_dim]
-            o = self._reduce(ops.linear(attn.reshape(n, cfg.q_size), layer.o))
+            if layer.deltanet is not None:  # hybrids: a recurrent token mixer, no KV
+                j = self.state_layer[i]
+                o = gated_deltanet(ops, x, layer.deltanet, cfg, batch, kv.states, j)
+            else:
+                o = self._reduce(self._attention(x, layer, kv, self.kv_layer[i], batch, cos, sin))
             residual, x = ops.add_rms_norm(o, residual, layer.post_norm, eps)
             if layer.router is not None:
                 down = moe_mlp(ops, x, layer, cfg)
@@ -79,6 +76,35 @@ class Decoder:
         self.last_hidden = torch.cat(kept, dim=-1) if kept else x
         logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
         return logits if self.comm is None else self.comm.gather_last(logits)
+
+    def _attention(self, x, layer, kv: KVPool, pool_layer: int, batch, cos, sin) -> torch.Tensor:
+        """Causal attention over the paged KV, o_proj applied: [n, hidden] (a partial sum under
+        tensor parallelism). Qwen3.5: RoPE on the first rope_dim dims of each head only, and the
+        output gated by sigmoid of a fourth projection."""
+        cfg, ops, eps = self.cfg, self.ops, self.cfg.rms_norm_eps
+        n, d = x.shape[0], cfg.head_dim
+        qkv = ops.linear(x, layer.qkv, layer.qkv_bias)  # [n, q_size + 2 * kv_size (+ q_size)]
+        sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size] + [cfg.q_size] * cfg.attn_output_gate
+        q, k, v, *gate = qkv.split(sizes, dim=-1)
+        q = q.reshape(n, cfg.num_heads, d)
+        k = k.reshape(n, cfg.num_kv_heads, d)
+        v = v.reshape(n, cfg.num_kv_heads, d)
+        if cfg.qk_norm:
+            q = ops.rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(q.shape)
+            k = ops.rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(k.shape)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        k_cache, v_cache = kv.k[pool_layer], kv.v[pool_layer]
+        ops.write_kv(k_cache, v_cache, batch.slot_mapping, k, v.contiguous())
+        attn = ops.attention(q, k_cache, v_cache, batch).reshape(n, cfg.q_size)
+        if gate:
+            attn = attn * torch.sigmoid(gate[0])
+        return ops.linear(attn, layer.o)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.cfg.rope_dim
+        if r == x.shape[-1]:
+            return self.ops.rope(x.contiguous(), cos, sin)
+        return torch.cat([self.ops.rope(x[..., :r].contiguous(), cos, sin), x[..., r:]], dim=-1)
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return partial if self.comm is None else self.comm.all_reduce(partial)

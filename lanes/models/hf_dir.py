@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from lanes.config import ConfigError, ModelConfig
+from lanes.config import VISION_LANGUAGE, ConfigError, ModelConfig
 from lanes.models.checkpoint import Checkpoint
 from lanes.models.mlx_affine import packed_view, quantization
 from lanes.models.weights import WeightError
@@ -37,10 +38,19 @@ def open_hf_dir(path: Path) -> Checkpoint:
         except (SafetensorError, OSError) as e:
             raise WeightError(f"cannot read {f.name}: {e}") from e
 
+    rename = _language_model_names(raw, shapes)
+    if rename is not None:  # a vision-language wrapper: its language model, under our names
+        where = {rename[k]: f for k, f in where.items() if k in rename}
+        shapes = {rename[k]: v for k, v in shapes.items() if k in rename}
+        stored = {ours: theirs for theirs, ours in rename.items()}
     handles: dict[Path, object] = {}
 
     def load(name: str):
-        f = where[name]
+        if rename is not None:
+            name, ours = stored[name], name
+            f = where[ours]
+        else:
+            f = where[name]
         try:
             if f not in handles:
                 handles[f] = safe_open(str(f), framework="pt")
@@ -67,6 +77,22 @@ def open_hf_dir(path: Path) -> Checkpoint:
         fingerprint=digest.hexdigest(),
         packed=packed,
     )
+
+
+def _language_model_names(raw: dict, shapes: dict) -> dict[str, str] | None:
+    """Qwen3.5's vision-language checkpoints (dense and MoE) keep the text model under model.language_model.*
+    (and lm_head.weight); the vision tower (model.visual.*) is skipped. Stored -> lanes names."""
+    if (raw.get("architectures") or [None])[0] not in VISION_LANGUAGE:
+        return None
+    inner = "model.language_model."
+    rename = {k: "model." + k[len(inner) :] for k in shapes if k.startswith(inner)}
+    rename.update({k: k for k in shapes if k == "lm_head.weight"})
+    skipped = [k for k in shapes if k not in rename]
+    if skipped:
+        logging.getLogger("lanes").info(
+            "serving the language model only: %d tensors of the vision tower skipped", len(skipped)
+        )
+    return rename
 
 
 def _safetensors_files(path: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP (Qwen3-MoE), batch-invariant.
+"""The mixture-of-experts MLP (Qwen3-MoE, Qwen3.5-MoE), batch-invariant.
 
 A router scores the experts for each token (softmax in fp32); the token goes to its
 `experts_per_token` best (ties broken towards the lower expert id, so the choice never depends
@@ -47,4 +47,11 @@ def moe_mlp(ops: Ops, x: torch.Tensor, layer: LayerWeights, cfg: ModelConfig) ->
     total = outputs[:, 0] * weights[:, :1]
     for j in range(1, k):  # the token's own order: best expert first
         total = total + outputs[:, j] * weights[:, j : j + 1]
+    if layer.shared_gate_up is not None:  # Qwen3.5-MoE: + sigmoid(gate) * a shared SiLU MLP
+        gate, up = ops.linear(x, layer.shared_gate_up).chunk(2, dim=-1)
+        shared = ops.linear(F.silu(gate) * up, layer.shared_down)  # [n, hidden]
+        # the gate's sigmoid over a full row per token, not one value per token: a row's bits
+        # must not depend on where in the tensor it sits (vectorised vs scalar tails)
+        scale = torch.sigmoid(ops.linear(x, layer.shared_gate).expand_as(shared))
+        total = total + scale * shared
     return total

@@ -30,8 +30,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 
 
 def rope_tables(cfg: ModelConfig, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_position_embeddings, head_dim / 2] float32, indexed by absolute position."""
-    inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    """cos, sin [max_position_embeddings, rope_dim / 2] float32, indexed by absolute position
+    (rope_dim: head_dim, or the rotary part of it under partial RoPE)."""
+    inv_freq = inverse_frequencies(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
     positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)
     return angles.cos().to(device), angles.sin().to(device)

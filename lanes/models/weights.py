@@ -21,7 +21,7 @@ class WeightError(ValueError):
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every tensor the checkpoint must hold."""
-    h, d = cfg.hidden_size, cfg.head_dim
+    h = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (cfg.vocab_size, h),
         "model.norm.weight": (h,),
@@ -32,29 +32,69 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (cfg.q_size, h)
-        shapes[p + "self_attn.k_proj.weight"] = (cfg.kv_size, h)
-        shapes[p + "self_attn.v_proj.weight"] = (cfg.kv_size, h)
-        shapes[p + "self_attn.o_proj.weight"] = (h, cfg.q_size)
-        if cfg.qkv_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (cfg.q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (cfg.kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (cfg.kv_size,)
-        if cfg.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (d,)
-            shapes[p + "self_attn.k_norm.weight"] = (d,)
-        if i in cfg.moe_layers:
-            shapes[p + "mlp.gate.weight"] = (cfg.num_experts, h)  # the router
-            for e in range(cfg.num_experts):
-                x, m = f"{p}mlp.experts.{e}.", cfg.moe_intermediate_size
-                shapes[x + "gate_proj.weight"] = (m, h)
-                shapes[x + "up_proj.weight"] = (m, h)
-                shapes[x + "down_proj.weight"] = (h, m)
-            continue
-        shapes[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, h)
-        shapes[p + "mlp.up_proj.weight"] = (cfg.intermediate_size, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, cfg.intermediate_size)
+        if i in cfg.linear_layers:
+            shapes.update(_deltanet_shapes(cfg, p + "linear_attn."))
+        else:
+            shapes.update(_attention_shapes(cfg, p + "self_attn."))
+        shapes.update(_mlp_shapes(cfg, p + "mlp.", i in cfg.moe_layers))
     return shapes
+
+
+def _attention_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    h, d = cfg.hidden_size, cfg.head_dim
+    gate = 2 if cfg.attn_output_gate else 1  # q_proj also projects the output gate
+    shapes = {
+        p + "q_proj.weight": (gate * cfg.q_size, h),
+        p + "k_proj.weight": (cfg.kv_size, h),
+        p + "v_proj.weight": (cfg.kv_size, h),
+        p + "o_proj.weight": (h, cfg.q_size),
+    }
+    if cfg.qkv_bias:
+        shapes[p + "q_proj.bias"] = (cfg.q_size,)
+        shapes[p + "k_proj.bias"] = (cfg.kv_size,)
+        shapes[p + "v_proj.bias"] = (cfg.kv_size,)
+    if cfg.qk_norm:
+        shapes[p + "q_norm.weight"] = (d,)
+        shapes[p + "k_norm.weight"] = (d,)
+    return shapes
+
+
+def _mlp_shapes(cfg: ModelConfig, p: str, routed: bool) -> dict[str, tuple[int, ...]]:
+    """A SiLU MLP, or a router with its experts (and Qwen3.5-MoE's gated shared expert)."""
+    h = cfg.hidden_size
+
+    def silu_mlp(x: str, m: int) -> dict[str, tuple[int, ...]]:
+        return {x + "gate_proj.weight": (m, h), x + "up_proj.weight": (m, h),
+                x + "down_proj.weight": (h, m)}  # fmt: skip
+
+    if not routed:
+        return silu_mlp(p, cfg.intermediate_size)
+    shapes = {p + "gate.weight": (cfg.num_experts, h)}  # the router
+    for e in range(cfg.num_experts):
+        shapes.update(silu_mlp(f"{p}experts.{e}.", cfg.moe_intermediate_size))
+    if cfg.shared_expert_intermediate_size:
+        shapes.update(silu_mlp(p + "shared_expert.", cfg.shared_expert_intermediate_size))
+        shapes[p + "shared_expert_gate.weight"] = (1, h)
+    return shapes
+
+
+def _deltanet_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """A gated DeltaNet layer's tensors, as transformers names them (Qwen3.5)."""
+    h, hv = cfg.hidden_size, cfg.linear_num_value_heads
+    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    value_dim = hv * cfg.linear_value_head_dim
+    conv_dim = 2 * key_dim + value_dim
+    return {
+        p + "in_proj_qkv.weight": (conv_dim, h),
+        p + "in_proj_z.weight": (value_dim, h),
+        p + "in_proj_b.weight": (hv, h),
+        p + "in_proj_a.weight": (hv, h),
+        p + "conv1d.weight": (conv_dim, 1, cfg.linear_conv_kernel),
+        p + "dt_bias": (hv,),
+        p + "A_log": (hv,),
+        p + "norm.weight": (cfg.linear_value_head_dim,),
+        p + "out_proj.weight": (h, value_dim),
+    }
 
 
 def check_shapes(found: dict[str, tuple[int, ...]], cfg: ModelConfig) -> None:
@@ -82,19 +122,37 @@ def _more(names: list[str]) -> str:
 
 
 @dataclass
+class DeltaNetWeights:
+    """A gated DeltaNet token mixer (lanes/models/deltanet.py)."""
+
+    in_proj: torch.Tensor  # [conv_dim + value_dim + 2 * v_heads, hidden]: qkv, z, b, a
+    conv: torch.Tensor  # [conv_dim, kernel] depthwise causal conv over qkv
+    neg_a: torch.Tensor  # [v_heads] float32: -exp(A_log), the decay rate
+    dt_bias: torch.Tensor  # [v_heads] float32
+    norm: torch.Tensor  # [value_head_dim]: the gated RMSNorm of each value head's output
+    out: torch.Tensor  # [hidden, value_dim]
+
+
+@dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor | PackedWeight  # [q_size + 2 * kv_size, hidden]
+    # attention layers: [q_size + 2 * kv_size (+ q_size of output gate), hidden]; None: DeltaNet
+    qkv: torch.Tensor | PackedWeight | None
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None  # [head_dim]
     k_norm: torch.Tensor | None
-    o: torch.Tensor | PackedWeight  # [hidden, q_size]
+    o: torch.Tensor | PackedWeight | None  # [hidden, q_size]
     post_norm: torch.Tensor  # [hidden]
     gate_up: torch.Tensor | PackedWeight | None  # [2 * intermediate, hidden]; None: MoE layer
     down: torch.Tensor | PackedWeight | None  # [hidden, intermediate]
     router: torch.Tensor | None = None  # [experts, hidden] (mixture-of-experts layers)
     experts_gate_up: torch.Tensor | None = None  # [experts, 2 * moe_intermediate, hidden]
     experts_down: torch.Tensor | None = None  # [experts, hidden, moe_intermediate]
+    deltanet: DeltaNetWeights | None = None  # linear-attention layers of hybrids
+    # Qwen3.5-MoE's shared expert: [2 * shared_intermediate, hidden], [hidden, ...], [1, hidden]
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
 
 
 @dataclass
@@ -113,7 +171,9 @@ class DecoderWeights:
         seen, total = set(), 0
         tensors = [self.embed, self.norm, self.lm_head, self.fuse]
         for layer in self.layers:
-            tensors += list(vars(layer).values())
+            tensors += [t for t in vars(layer).values() if not isinstance(t, DeltaNetWeights)]
+            if layer.deltanet is not None:
+                tensors += list(vars(layer.deltanet).values())
         for t in tensors:
             if t is None or id(t) in seen:
                 continue
@@ -175,27 +235,85 @@ def assemble(
                 [dense(cat(x + "gate_proj.weight", x + "up_proj.weight")) for x in experts]
             ),
             "experts_down": torch.stack([dense(get(x + "down_proj.weight")) for x in experts]),
+            **shared(m),
+        }
+
+    def shared(m: str) -> dict[str, torch.Tensor | None]:
+        if not cfg.shared_expert_intermediate_size:
+            return {}
+        x = m + "shared_expert."
+        return {
+            "shared_gate_up": dense(cat(x + "gate_proj.weight", x + "up_proj.weight")),
+            "shared_down": dense(get(x + "down_proj.weight")),
+            "shared_gate": dense(get(m + "shared_expert_gate.weight")),
+        }
+
+    def get_fp32(name: str) -> torch.Tensor:
+        """A small tensor kept in float32 whatever the model dtype (norm offsets, decay rates)."""
+        t = load(name)
+        finite(name, t)
+        progress(1)
+        return t.to(device=device, dtype=torch.float32)
+
+    def norm(name: str) -> torch.Tensor:
+        if not cfg.zero_centred_norms:
+            return get(name)
+        return (1.0 + get_fp32(name)).to(dtype)  # stored as w, applied as 1 + w
+
+    def attention(a: str) -> dict:
+        if cfg.attn_output_gate:  # q_proj rows per head: [its q | its gate]
+            q = dense(get(a + "q_proj.weight"))
+            q = q.reshape(cfg.num_heads, 2, cfg.head_dim, -1).transpose(0, 1).reshape(q.shape)
+            k, v = dense(get(a + "k_proj.weight")), dense(get(a + "v_proj.weight"))
+            qkv = torch.cat(
+                [q[: cfg.q_size], k, v, q[cfg.q_size :]]
+            ).contiguous()  # [q; k; v; gate]
+        else:
+            qkv = cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+        return {
+            "qkv": qkv,
+            "qkv_bias": cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
+            if cfg.qkv_bias
+            else None,
+            "q_norm": norm(a + "q_norm.weight") if cfg.qk_norm else None,
+            "k_norm": norm(a + "k_norm.weight") if cfg.qk_norm else None,
+            "o": get(a + "o_proj.weight"),
+        }
+
+    def deltanet(x: str) -> dict:
+        projections = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        return {
+            "qkv": None,
+            "qkv_bias": None,
+            "q_norm": None,
+            "k_norm": None,
+            "o": None,
+            "deltanet": DeltaNetWeights(
+                in_proj=torch.cat([dense(get(f"{x}{p}.weight")) for p in projections]),
+                conv=get(x + "conv1d.weight")[:, 0].contiguous(),
+                neg_a=-get_fp32(x + "A_log").exp(),
+                dt_bias=get_fp32(x + "dt_bias"),
+                norm=get(x + "norm.weight"),
+                out=get(x + "out_proj.weight"),
+            ),
         }
 
     layers = []
     for i in range(cfg.num_layers):
-        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        p, m = f"model.layers.{i}.", f"model.layers.{i}.mlp."
+        mixer = (
+            deltanet(p + "linear_attn.") if i in cfg.linear_layers else attention(p + "self_attn.")
+        )
         layers.append(
             LayerWeights(
-                input_norm=get(f"model.layers.{i}.input_layernorm.weight"),
-                qkv=cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                qkv_bias=cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
-                if cfg.qkv_bias
-                else None,
-                q_norm=get(a + "q_norm.weight") if cfg.qk_norm else None,
-                k_norm=get(a + "k_norm.weight") if cfg.qk_norm else None,
-                o=get(a + "o_proj.weight"),
-                post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
+                input_norm=norm(p + "input_layernorm.weight"),
+                post_norm=norm(p + "post_attention_layernorm.weight"),
+                **mixer,
                 **mlp(m, i),
             )
         )
     embed = get("model.embed_tokens.weight")
     lm_head = embed if cfg.tie_word_embeddings else get("lm_head.weight")
     return DecoderWeights(
-        embed=embed, layers=layers, norm=get("model.norm.weight"), lm_head=lm_head
+        embed=embed, layers=layers, norm=norm("model.norm.weight"), lm_head=lm_head
     )
