@@ -134,6 +134,17 @@ class StatePool:
             self.recurrent[slot, layer] = state_rows[row]
             self.positions[slot][layer] = num_computed
 
+    def snapshot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the slot's whole state (every layer): conv [layers, ...], state [layers, ...]."""
+        return self.conv[slot].clone(), self.recurrent[slot].clone()
+
+    def restore(self, slot: int, conv: torch.Tensor, state: torch.Tensor, position: int) -> None:
+        """Load a snapshot: the slot now holds the state after `position` tokens."""
+        self.conv[slot] = conv
+        self.recurrent[slot] = state
+        self.positions[slot] = [position] * len(self.positions[slot])
+        self.kept.pop(slot, None)
+
     def check_integrity(self, owned: list[int]) -> None:
         """Every slot is free or owned by exactly one lane."""
         if sorted(self.free + owned) != list(range(self.num_slots)):

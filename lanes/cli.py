@@ -97,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         prefill_share=args.prefill_share,
         max_lanes=args.max_lanes,
         prompt_cache_bytes=args.prompt_cache_bytes,
+        state_snapshot_bytes=args.state_snapshot_bytes,
         kv_cache_bytes=kv_bytes or 512 * 2**20,
         overlap=args.overlap,
         max_model_len=args.max_model_len,
@@ -361,6 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-share", type=float, default=0.5)
     serve.add_argument("--max-lanes", "--max-num-seqs", type=int, default=16)
     serve.add_argument("--prompt-cache-bytes", type=parse_bytes, default=256 * 2**20)
+    serve.add_argument(
+        "--state-snapshot-bytes",
+        type=parse_bytes,
+        default=256 * 2**20,
+        help="hybrid (Qwen3.5) models: recurrent-state snapshots kept for cached prefixes",
+    )
     serve.add_argument(
         "--kv-cache-bytes", type=parse_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
     )

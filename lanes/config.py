@@ -361,6 +361,8 @@ class EngineConfig:
     prefill_chunk: int = 256  # tokens per host-managed prefill forward; a multiple of block_size
     prefill_share: float = 0.5  # share of wall time for prompt work when decode also waits
     prompt_cache_bytes: int = 256 * 2**20  # at most this much KV is kept for prefix reuse
+    # hybrid models: recurrent-state snapshots kept beside it (cache/state_snapshots.py)
+    state_snapshot_bytes: int = 256 * 2**20
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
     kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
     cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
@@ -397,6 +399,8 @@ class EngineConfig:
             raise ConfigError(f"prefill_share must be in [0, 1], got {self.prefill_share}")
         if self.prompt_cache_bytes < 0:
             raise ConfigError("prompt_cache_bytes must be >= 0")
+        if self.state_snapshot_bytes < 0:
+            raise ConfigError("state_snapshot_bytes must be >= 0")
         if not 0 <= self.num_draft_tokens <= 15:
             raise ConfigError(f"num_draft_tokens must be in [0, 15], got {self.num_draft_tokens}")
         if self.kernels not in ("auto", "triton", "torch"):

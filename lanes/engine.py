@@ -29,6 +29,7 @@ from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
 from lanes.metrics import EngineMetrics, RoundRecord
 from lanes.models import Checkpoint
+from lanes.recurrent import RecurrentStates
 from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
@@ -109,9 +110,12 @@ class Engine:
         self.bytes_per_block = KVPool.bytes_per_block(
             len(mc.attention_layers), bs, mc.num_kv_heads, mc.head_dim, self.dtype
         )
-        # hybrids: each running lane's recurrent state. Without snapshots of it in the prompt
-        # cache (not built yet), a cached prefix cannot be resumed: hybrids never match one.
-        self.states = runner.kv.states
+        # hybrids: each running lane's recurrent state, and snapshots of it for cached prefixes
+        self.recurrent = (
+            None
+            if runner.kv.states is None
+            else RecurrentStates(runner.kv.states, cfg.state_snapshot_bytes, bs)
+        )
         self.pool = BlockPool(runner.num_blocks)
         self.cache = PromptCache(
             self.pool, checkpoint.fingerprint, cfg.prompt_cache_bytes // self.bytes_per_block
@@ -177,7 +181,10 @@ class Engine:
         """Tokens of this prompt's prefix the prompt cache holds now (whole blocks)."""
         bs = self.config.block_size
         keys = self.cache.chain_keys(self.encode(prompt), bs, cache_salt, [])
-        return self.cache.num_matching(keys) * bs
+        matching = self.cache.num_matching(keys)
+        if self.recurrent is not None:
+            matching = self.recurrent.resumable(keys[:matching])
+        return matching * bs
 
     def cancel(self, request_id: int) -> None:
         """Cancel a request; takes effect at the next step boundary (its prefix is kept)."""
@@ -491,6 +498,8 @@ class Engine:
             try:
                 if not s.samples:
                     s.lane.num_computed = s.end  # the forward has completed: this KV is valid
+                    if self.recurrent is not None:
+                        self.recurrent.after_prefill(s.lane)
                     self._observe(s, rows_hidden)
                     continue
                 if sampled is not None and samples_on_device(s.lane.params):
@@ -600,8 +609,9 @@ class Engine:
         # KV is valid up to the last kept token's input; rejected drafts' positions are not.
         # Set before a lane that ends here is released, so its last chunk is published too.
         lane.num_computed = min(s.end, lane.num_known - 1)
-        if self.states is not None:  # the recurrent state back to the last kept position
-            self.states.settle(lane.state_slot, lane.num_computed)
+        if self.recurrent is not None:  # the state back to the last kept position; a snapshot
+            self.recurrent.settle(lane)  # where a prompt's last chunk ends on a block boundary
+            self.recurrent.after_prefill(lane)
         if lane.finish_reason is not None:
             return self._end(lane, LaneState.DONE)
         self.cache.release(lane.block_table.truncate(lane.num_known))
@@ -702,8 +712,8 @@ class Engine:
                 self.cache.release(matched)
                 break
             lane.block_table.append(matched)
-            if self.states is not None:
-                lane.state_slot = self.states.allocate()
+            if self.recurrent is not None:
+                self.recurrent.admit(lane, len(matched))
             lane.num_computed = len(matched) * bs
             lane.num_published = len(matched)
             if not lane.output_ids:  # first admission, not a return from preemption
@@ -715,13 +725,16 @@ class Engine:
 
     def _match_prefix(self, lane: Lane) -> list[int]:
         """The cached blocks of the lane's longest cached prefix (referenced for the lane)."""
-        if self.states is not None:  # no state snapshots to resume a hybrid from
-            return []
         bs = self.config.block_size
         tokens = lane.all_ids()
         lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
         usable = min(len(lane.block_keys), (len(tokens) - 1) // bs)  # recompute >= 1 token
-        return self.cache.match(lane.block_keys[:usable])
+        matched = self.cache.match(lane.block_keys[:usable])
+        if self.recurrent is not None:  # hybrids resume only as far as a state snapshot reaches
+            keep = self.recurrent.resumable(lane.block_keys[: len(matched)])
+            self.cache.release(matched[keep:])
+            matched = matched[:keep]
+        return matched
 
     def _plan(self) -> LaneRound:
         """Plan a round whose blocks fit; preempt the newest lanes until they do."""
@@ -775,7 +788,7 @@ class Engine:
         preemption). Only blocks below num_computed: their forward has completed."""
         bs = self.config.block_size
         complete = lane.num_computed // bs
-        if complete <= lane.num_published or self.states is not None:
+        if complete <= lane.num_published:
             return
         tokens = lane.all_ids()[: complete * bs]
         lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
@@ -786,9 +799,8 @@ class Engine:
     def _release(self, lane: Lane) -> None:
         self._publish(lane)
         self.cache.release(lane.block_table.clear())
-        if self.states is not None:
-            self.states.release(lane.state_slot)
-            lane.state_slot = -1
+        if self.recurrent is not None:
+            self.recurrent.release(lane)
         if self.proposer is not None:
             self.proposer.release(lane)
 
@@ -858,8 +870,8 @@ class Engine:
         """Blocks: every reference is a lane's or the cache's; nothing leaked (see PromptCache).
         Hybrids: every recurrent-state slot is free or a running lane's."""
         self.cache.check_integrity(lane.block_table.blocks for lane in self.running)
-        if self.states is not None:
-            self.states.check_integrity([lane.state_slot for lane in self.running])
+        if self.recurrent is not None:
+            self.recurrent.check_integrity(self.running)
 
     # ---- whole requests -------------------------------------------------------------------
 
@@ -883,16 +895,17 @@ class Engine:
             raise RequestError(
                 f"scoring needs {need} KV blocks, {self.cache.num_available} are free"
             )
-        if self.states is not None and len(lanes) > self.states.num_free:
+        states = None if self.recurrent is None else self.recurrent.pool
+        if states is not None and len(lanes) > states.num_free:
             raise RequestError(
-                f"scoring needs {len(lanes)} recurrent-state slots, {self.states.num_free} are free"
+                f"scoring needs {len(lanes)} recurrent-state slots, {states.num_free} are free"
             )
         for lane in lanes:
             lane.block_table.append(
                 self.cache.allocate(lane.block_table.blocks_needed(lane.num_known))
             )
-            if self.states is not None:
-                lane.state_slot = self.states.allocate()
+            if states is not None:
+                lane.state_slot = states.allocate()
         try:
             steps = [Step(lane, 0, lane.num_known) for lane in lanes]
             logits = self.runner.execute(steps, all_logits=True)
@@ -900,8 +913,8 @@ class Engine:
         finally:
             for lane in lanes:
                 self.cache.release(lane.block_table.clear())
-                if self.states is not None:
-                    self.states.release(lane.state_slot)
+                if states is not None:
+                    states.release(lane.state_slot)
         sizes = [lane.num_known for lane in lanes]
         features = hidden.split(sizes) if keep_features else [None] * len(lanes)
         return list(zip(logits.split(sizes), features, strict=True))

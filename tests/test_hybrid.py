@@ -39,7 +39,7 @@ def test_config_reads_the_layer_layout(hybrid):
     assert cfg.linear_layers == (0, 1, 2) and cfg.attention_layers == (3,)
     assert cfg.rope_dim == 4 and cfg.attn_output_gate and cfg.zero_centred_norms
     assert engine.runner.kv.k.shape[0] == 1  # KV only for the attention layer
-    assert engine.states.num_slots == engine.config.max_lanes
+    assert engine.recurrent.pool.num_slots == engine.config.max_lanes
     layers = engine.runner.decoder.weights.layers
     if cfg.family == "qwen3_5_moe":  # routed experts + the gated shared expert, every layer
         assert cfg.moe_layers == (0, 1, 2, 3) and cfg.norm_topk_prob
@@ -131,23 +131,72 @@ def test_drafted_equals_undrafted_with_ngram(hybrid):
     ]
 
 
-def test_cancelled_prefill_retry_equals_fresh(hybrid):
-    """No state snapshots in the prompt cache yet: a hybrid never resumes a cached prefix, so a
-    cancelled request's retry recomputes its prompt and equals a fresh run."""
-    engine = build_engine(str(hybrid[0]), EngineConfig(prefill_chunk=16, max_tokens_per_round=16))
-    ids = engine.tokenizer.encode(PROMPTS[0] * 3)
-    (fresh,) = engine.generate([ids], SEEDED)
-    lane = engine.submit(ids, SEEDED)
-    for _ in range(3):
+def _cancel_after(engine, ids, params, rounds: int) -> int:
+    """Submit, run `rounds` engine steps (one 16-token chunk each), cancel; tokens computed."""
+    lane = engine.submit(ids, params)
+    for _ in range(rounds):
         engine.step()
-    assert 0 < lane.num_computed < len(ids)
+    computed = lane.num_computed
+    assert 0 < computed < len(ids)
     engine.cancel(lane.request_id)
     engine.step()
     assert lane.is_finished
+    return computed
+
+
+def test_cancelled_prefill_resumes_from_its_snapshot(hybrid):
+    """cancel_prefill keeps the blocks and the state snapshot of the latest chunk end: an
+    identical retry resumes there, repeated cancellations accumulate, and the output equals a
+    fresh run's, bitwise."""
+    cfg = EngineConfig(prefill_chunk=16, max_tokens_per_round=16)
+    ids = build_engine(str(hybrid[0]), cfg).tokenizer.encode(PROMPTS[0] * 4)
+    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([ids], SEEDED)
+    engine = build_engine(str(hybrid[0]), cfg)
+    first = _cancel_after(engine, ids, SEEDED, 3)
+    assert engine.cached_prefix_len(ids) == first
+    second = _cancel_after(engine, ids, SEEDED, 2)  # resumed at `first`, then 2 more chunks
+    assert engine.cached_prefix_len(ids) == second > first
     (retry,) = engine.generate([ids], SEEDED)
-    assert retry.cached_tokens == 0 and engine.cached_prefix_len(ids) == 0
+    assert retry.cached_tokens == second
     assert (retry.token_ids, retry.logprobs) == (fresh.token_ids, fresh.logprobs)
+    assert engine.recurrent.snapshots.num_restored == 2
     engine.check_integrity()
+
+
+def test_a_shared_prefix_resumes_where_a_snapshot_is(hybrid):
+    """A second prompt sharing a first one's opening resumes at the last snapshot inside the
+    shared blocks (a chunk end), not at the last shared block."""
+    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32)
+    engine = build_engine(str(hybrid[0]), cfg)
+    base = engine.tokenizer.encode(PROMPTS[0] * 4)
+    other = base[:56] + engine.tokenizer.encode(PROMPTS[1])
+    engine.generate([base], GREEDY)
+    (resumed,) = engine.generate([other], GREEDY)
+    assert resumed.cached_tokens == 32  # blocks 0-2 are shared; the snapshot is at 32
+    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([other], GREEDY)
+    assert (resumed.token_ids, resumed.logprobs) == (fresh.token_ids, fresh.logprobs)
+
+
+def test_negative_control_a_snapshot_one_block_off(hybrid, monkeypatch):
+    """Resuming from the snapshot one block before the matched prefix's end (as if it were the
+    state there) changes the output: the resume test above is not vacuous."""
+    from lanes.recurrent import RecurrentStates
+
+    def one_off(self, lane, num_blocks):
+        lane.state_slot = self.pool.allocate()
+        if num_blocks:
+            earlier = self.snapshots.get(lane.block_keys[max(0, num_blocks - 2)])
+            self.pool.restore(lane.state_slot, *earlier, num_blocks * self.block_size)
+
+    cfg = EngineConfig(prefill_chunk=16, max_tokens_per_round=16)
+    ids = build_engine(str(hybrid[0]), cfg).tokenizer.encode(PROMPTS[0] * 4)
+    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([ids], SEEDED)
+    monkeypatch.setattr(RecurrentStates, "admit", one_off)
+    engine = build_engine(str(hybrid[0]), cfg)
+    _cancel_after(engine, ids, SEEDED, 3)
+    (retry,) = engine.generate([ids], SEEDED)
+    assert retry.cached_tokens > 0
+    assert retry.logprobs != fresh.logprobs
 
 
 def test_vision_language_wrapper_serves_its_text_part(hybrid, tmp_path):
@@ -196,3 +245,44 @@ def test_unsupported_hybrid_configs_are_refused(hybrid):
             ModelConfig.from_hf({**base, field: value})
     with pytest.raises(ConfigError, match="text_config"):
         ModelConfig.from_hf({"architectures": ["Qwen3_5ForConditionalGeneration"]})
+
+
+def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
+    """Through the server: a client that disconnects mid-prefill of a hybrid model leaves its
+    progress (blocks + state snapshot); the retry resumes there and equals a fresh request."""
+    import asyncio
+    import random
+    import time
+
+    from tests.conftest import write_tiny_model
+    from tests.live_server import MODEL, LiveServer
+
+    path = tmp_path_factory.mktemp("hybrid-long") / "qwen3_5"
+    write_tiny_model(path, "qwen3_5", max_position_embeddings=2048)
+    engine = build_engine(str(path), EngineConfig(prefill_chunk=16, max_tokens_per_round=16))
+    long_prompt = [random.Random(3).randrange(3, 380) for _ in range(1500)]
+    kw = dict(model=MODEL, prompt=long_prompt, max_tokens=8, temperature=0)
+    with LiveServer(engine) as server:
+
+        async def disconnect_early():
+            client = server.async_client()
+            stream = await client.completions.create(
+                **kw, stream=True, extra_body={"ignore_eos": True}
+            )
+            await asyncio.sleep(0.3)  # 1,500 tokens in 16-token chunks take longer
+            await stream.close()
+            await client.close()
+
+        asyncio.run(disconnect_early())
+        deadline = time.time() + 60
+        while server.kv()["active_lanes"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.kv()["integrity"] == "ok"
+        client = server.client()
+        retry = client.completions.create(**kw, extra_body={"ignore_eos": True})
+        fresh = client.completions.create(
+            **kw, extra_body={"ignore_eos": True, "cache_salt": "fresh"}
+        )
+    assert 0 < retry.usage.prompt_tokens_details.cached_tokens < len(long_prompt) - 100
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert retry.choices[0].text == fresh.choices[0].text

@@ -23,7 +23,7 @@ LAYERS = [
              "lanes.async_engine", "lanes.drafter.distill"]),
     ("build", ["lanes.build"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
-                "lanes.inflight", "lanes.draft_costs"]),
+                "lanes.inflight", "lanes.draft_costs", "lanes.recurrent"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.parallel",
                 "lanes.device_sampling"]),

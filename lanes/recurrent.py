@@ -1,0 +1,58 @@
+"""What the engine does for hybrid models' recurrent state: a slot per running lane, rollback
+after verification, and snapshots that let a lane resume a cached prefix.
+
+The rule stays the engine's one rule (computed tokens catch up with known tokens); the state
+only has to agree with `num_computed`:
+- admission: a lane resumes a cached prefix only as far as a snapshot reaches (the longest run
+  of matched blocks whose last block has one); its slot is loaded from that snapshot;
+- after a prompt chunk whose end is block-aligned, the state there becomes a snapshot, keyed by
+  the prompt cache's key of the block ending there — taken when the chunk's forward has
+  returned, so cancel_prefill, which ends the lane between forwards, leaves the latest one (and
+  the blocks up to it, published by the engine) for an identical retry;
+- after a verify step, the state is put back to the last accepted position;
+- release: the slot is freed.
+"""
+
+from __future__ import annotations
+
+from lanes.cache.state_pool import StatePool
+from lanes.cache.state_snapshots import StateSnapshots
+from lanes.lane import Lane
+
+
+class RecurrentStates:
+    def __init__(self, pool: StatePool, snapshot_bytes: int, block_size: int) -> None:
+        self.pool = pool
+        self.snapshots = StateSnapshots(snapshot_bytes)
+        self.block_size = block_size
+
+    def resumable(self, keys: list[bytes]) -> int:
+        """Of a matched prefix of blocks with these keys, how many a lane can resume."""
+        return self.snapshots.longest(keys)
+
+    def admit(self, lane: Lane, num_blocks: int) -> None:
+        """Give the lane a slot, holding the state after its first num_blocks blocks."""
+        lane.state_slot = self.pool.allocate()
+        if num_blocks:
+            conv, state = self.snapshots.get(lane.block_keys[num_blocks - 1])
+            self.pool.restore(lane.state_slot, conv, state, num_blocks * self.block_size)
+            self.snapshots.num_restored += 1
+
+    def after_prefill(self, lane: Lane) -> None:
+        """The lane's state at a block-aligned num_computed inside its keyed blocks: a snapshot."""
+        n, bs = lane.num_computed, self.block_size
+        if n == 0 or n % bs or n // bs > len(lane.block_keys):
+            return
+        key = lane.block_keys[n // bs - 1]
+        if key not in self.snapshots:
+            self.snapshots.put(key, *self.pool.snapshot(lane.state_slot))
+
+    def settle(self, lane: Lane) -> None:
+        self.pool.settle(lane.state_slot, lane.num_computed)
+
+    def release(self, lane: Lane) -> None:
+        self.pool.release(lane.state_slot)
+        lane.state_slot = -1
+
+    def check_integrity(self, running: list[Lane]) -> None:
+        self.pool.check_integrity([lane.state_slot for lane in running])
