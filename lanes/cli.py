@@ -119,6 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or api_key_from_env(),
         allow_special_tokens=args.allow_special_tokens,
         access_log=not args.disable_uvicorn_access_log,
+        allowed_origins=args.allowed_origins,
     )
     if args.tensor_parallel > 1:
         import functools
@@ -149,6 +150,19 @@ def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
     return size(args.gpu_memory_utilization, total, weight_bytes)
 
 
+def _origins(text: str) -> tuple[str, ...]:
+    """--allowed-origins as vLLM takes it (a JSON list) or comma-separated."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = [part.strip() for part in text.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a list of origins, got {text!r:.80}")
+    return tuple(value)
+
+
 def serve_engine(
     engine,
     host: str,
@@ -157,6 +171,7 @@ def serve_engine(
     api_key: str | None,
     allow_special_tokens: bool = False,
     access_log: bool = True,
+    allowed_origins: tuple[str, ...] = ("*",),
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -166,7 +181,13 @@ def serve_engine(
     from lanes.server import build_app
 
     config = engine.config
-    app = build_app(engine, name, api_key=api_key, allow_special_tokens=allow_special_tokens)
+    app = build_app(
+        engine,
+        name,
+        api_key=api_key,
+        allow_special_tokens=allow_special_tokens,
+        allowed_origins=allowed_origins,
+    )
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(
         "serving %s (%s) | drafter %s | %s on %s | %s mode | tensor parallel %d | KV %d tokens (%d blocks) | http://%s:%d/v1",
@@ -396,6 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' (default: $LANES_API_KEY, else no key)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        type=_origins,
+        default=("*",),
+        help='browser origins CORS lets in: a JSON list or comma-separated (default: any, "*")',
     )
     serve.add_argument(
         "--allow-special-tokens",

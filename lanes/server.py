@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -39,6 +41,7 @@ from lanes.openai_api import (
     refuse_control_tokens,
     usage,
 )
+from lanes.utility_api import detokenize, model_card, tokenize, version
 
 log = logging.getLogger("lanes")
 
@@ -116,7 +119,9 @@ def build_app(
     *,
     allow_special_tokens: bool = False,
     body_timeout: float = BODY_TIMEOUT_S,
+    allowed_origins: tuple[str, ...] = ("*",),
 ) -> Starlette:
+    """The app. allowed_origins: the browser origins CORS lets in (vLLM's default: any)."""
     runner = AsyncEngine(engine)
     metrics = ServerMetrics()
     control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
@@ -215,14 +220,46 @@ def build_app(
             check_key(request)
         except ApiError as e:
             return error_response(e)
-        model = {
-            "id": model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "lanes",
-            "max_model_len": engine.context_len,
-        }
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse(
+            {"object": "list", "data": [model_card(model_name, engine.context_len)]}
+        )
+
+    async def model_by_id(request: Request) -> Response:
+        try:
+            check_key(request)
+            wanted = request.path_params["model_id"]
+            if wanted != model_name:
+                raise ApiError(
+                    f"model {wanted[:100]!r} is not served here; this server has {model_name!r}",
+                    "model",
+                    404,
+                    "not_found_error",
+                )
+        except ApiError as e:
+            return error_response(e)
+        return JSONResponse(model_card(model_name, engine.context_len))
+
+    async def tokenize_route(request: Request) -> Response:
+        try:
+            check_key(request)
+            body = await read_json(request)
+            tok = engine.tokenizer
+            out = await asyncio.to_thread(tokenize, body, tok, engine.context_len, control_tokens)
+        except ApiError as e:
+            return error_response(e)
+        return JSONResponse(out)
+
+    async def detokenize_route(request: Request) -> Response:
+        try:
+            check_key(request)
+            body = await read_json(request)
+            out = await asyncio.to_thread(detokenize, body, engine.tokenizer)
+        except ApiError as e:
+            return error_response(e)
+        return JSONResponse(out)
+
+    async def version_route(request: Request) -> Response:
+        return JSONResponse(version())
 
     async def health(request: Request) -> Response:
         if not runner.alive:
@@ -262,15 +299,50 @@ def build_app(
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", model_by_id, methods=["GET"]),
+            Route("/tokenize", tokenize_route, methods=["POST"]),
+            Route("/detokenize", detokenize_route, methods=["POST"]),
+            Route("/version", version_route, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/debug/kv", debug_kv, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
+        middleware=[
+            Middleware(RequestIdHeader),
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(allowed_origins),
+                allow_methods=["*"],
+                allow_headers=["*"],
+            ),
+        ],
     )
     app.state.runner = runner
     return app
+
+
+class RequestIdHeader:
+    """Every response carries an X-Request-Id: the client's own, or a new one (as vLLM's
+    --enable-request-id-headers does), so a client's log line can be found in ours."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id", b"")[:128]
+        request_id = given or uuid.uuid4().hex.encode()
+
+        async def with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, with_id)
 
 
 class _Context:

@@ -95,8 +95,8 @@ ARCHS["qwen3_5_moe"] = (  # the same hybrid, every MLP routed (2 of 8 experts) +
         **ARCHS["qwen3_5"][1],
         "num_experts": 8,
         "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 48,
+        "moe_intermediate_size": 64,  # multiples of 64: the Triton matmul's K tile (GPU test)
+        "shared_expert_intermediate_size": 64,
     },
 )
 # Zero-centred norms (stored w, applied 1 + w) start at w = 0: perturbed, so the offset is tested

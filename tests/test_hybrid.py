@@ -286,3 +286,21 @@ def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
     assert 0 < retry.usage.prompt_tokens_details.cached_tokens < len(long_prompt) - 100
     assert fresh.usage.prompt_tokens_details.cached_tokens == 0
     assert retry.choices[0].text == fresh.choices[0].text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_on_the_gpu_concurrent_equals_solo_and_drafted_equals_undrafted(hybrid, params):
+    """The hybrid path on CUDA (Triton linears and attention, the recurrence in torch, eager):
+    the same equalities, bitwise."""
+    cfg = EngineConfig(device="cuda", num_draft_tokens=4, adaptive_drafts=False)
+    engine = build_engine(str(hybrid[0]), cfg)
+    solo, batched = _solo_and_batched(engine, params)
+    assert all(len(c.token_ids) == params.max_tokens for c in solo + batched)  # none failed
+    for s, b in zip(solo, batched, strict=True):
+        assert (b.token_ids, b.logprobs) == (s.token_ids, s.logprobs)
+    plain, drafted = _replayed(engine, params, 0.5)
+    assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
+    for d, p in zip(drafted, plain, strict=True):
+        assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
+    engine.check_integrity()

@@ -55,6 +55,56 @@ def test_models_health_and_errors(server):
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].finish_reason
 
 
+def test_vllm_utility_endpoints(server):
+    """/v1/models/{id}, /tokenize (prompt and messages), /detokenize, /version, as vLLM has
+    them; bad input gets a JSON error and the server goes on."""
+    client = server.client()
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other-model")
+    engine = server.engine
+    status, body = server.post("/tokenize", {"prompt": "The quick brown fox"})
+    out = json.loads(body)
+    assert status == 200 and out["tokens"] == engine.tokenizer.encode("The quick brown fox")
+    assert out["count"] == len(out["tokens"]) and out["max_model_len"] == engine.context_len
+    chat = [{"role": "user", "content": "Hi there"}]
+    status, body = server.post("/tokenize", {"messages": chat})
+    assert status == 200 and json.loads(body)["tokens"] == engine.encode(chat)  # what chat runs
+    status, body = server.post("/detokenize", {"tokens": out["tokens"]})
+    assert status == 200 and json.loads(body)["prompt"] == "The quick brown fox"
+    for path, bad in (
+        ("/tokenize", {}),
+        ("/tokenize", {"prompt": 5}),
+        ("/tokenize", {"messages": [{"role": "user"}]}),
+        ("/tokenize", {"messages": [{"role": "user", "content": "<|im_start|>system"}]}),
+        ("/detokenize", {"tokens": [1, "x"]}),
+        ("/detokenize", {"tokens": [10**9]}),
+    ):
+        status, body = server.post(path, bad)
+        assert status == 400 and json.loads(body)["error"]["message"], (path, bad)
+    assert json.loads(server.get("/version"))["version"]
+
+
+def test_request_ids_and_cors_headers(server):
+    import urllib.request
+
+    req = urllib.request.Request(server.url + "/health", headers={"X-Request-Id": "abc-123"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.headers["x-request-id"] == "abc-123"  # the client's own id comes back
+    with urllib.request.urlopen(server.url + "/health", timeout=30) as r:
+        assert len(r.headers["x-request-id"]) == 32  # else a new one
+    preflight = urllib.request.Request(
+        server.url + "/v1/chat/completions",
+        method="OPTIONS",
+        headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+    )
+    with urllib.request.urlopen(preflight, timeout=30) as r:
+        assert r.status == 200 and r.headers["access-control-allow-origin"] in (
+            "*",
+            "http://localhost:3000",
+        )
+
+
 def test_completions_and_chat_streaming_and_not(server):
     client = server.client()
     kw = dict(model=MODEL, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
