@@ -196,8 +196,10 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
         logprobs = (
             _get(body, "top_logprobs", int, 0) if _get(body, "logprobs", bool, False) else None
         )
-    else:
-        max_tokens = _get(body, "max_tokens", int, 16)
+    else:  # vLLM takes max_completion_tokens here too
+        max_tokens = _get(body, "max_completion_tokens", int)
+        if max_tokens is None:
+            max_tokens = _get(body, "max_tokens", int, 16)
         logprobs = _get(body, "logprobs", int)
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
@@ -351,9 +353,13 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], top: l
     return {"content": content}
 
 
-def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], top: list) -> dict:
+def completion_logprobs(
+    tokenizer, token_ids: list[int], logprobs: list[float], top: list, start: int = 0
+) -> dict:
+    """Completions-style logprobs; text_offset counts from `start`, the characters of the
+    choice's tokens before these (a stream's earlier chunks)."""
     tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
-    offsets, pos = [], 0
+    offsets, pos = [], start
     for t in tokens:
         offsets.append(pos)
         pos += len(t)

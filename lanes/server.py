@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from lanes import __version__
 from lanes.async_engine import (
     Aborted,
     AsyncEngine,
@@ -210,7 +211,9 @@ def build_app(
             log.exception("taking a request failed")
             message = "internal error while taking the request; the server log has the details"
             return error_response(ApiError(message, status=500, kind="server_error"))
-        ctx = _Context(chat, parsed, handles, model_name, engine.tokenizer, metrics)
+        ctx = _Context(
+            chat, parsed, handles, model_name, engine.tokenizer, metrics, engine.fingerprint
+        )
         if parsed.stream:
             return StreamingResponse(ctx.sse(), media_type="text/event-stream")
         return await ctx.whole(request)
@@ -348,13 +351,18 @@ class RequestIdHeader:
 class _Context:
     """One HTTP request's choices: streamed as SSE chunks, or gathered into one response."""
 
-    def __init__(self, chat, parsed: ParsedRequest, handles, model_name, tokenizer, metrics):
+    def __init__(
+        self, chat, parsed: ParsedRequest, handles, model_name, tokenizer, metrics, fingerprint
+    ):
         self.chat, self.parsed, self.handles = chat, parsed, handles
         self.model, self.tokenizer, self.metrics = model_name, tokenizer, metrics
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self._counted: set[int] = set()  # choices already in lanes_requests_total
+        self._text_offsets: dict[int, int] = {}  # choice -> characters streamed so far
+        # which build and weights answered (OpenAI's field; changes when either does)
+        self.fingerprint = f"lanes-{__version__}-{fingerprint[:12]}"
 
     def _count(self, i: int, event: Finished | Failed | Aborted | None) -> None:
         """Each choice once in the request metrics: as it ended, or as aborted if the client
@@ -403,11 +411,16 @@ class _Context:
         )
         return usage(prompt_tokens, done, cached)
 
-    def _logprobs(self, token_ids, logprobs, top) -> dict | None:
+    def _logprobs(self, i: int, token_ids, logprobs, top, streamed: bool = False) -> dict | None:
         if self.parsed.logprobs is None:
             return None
-        build = chat_logprobs if self.chat else completion_logprobs
-        return build(self.tokenizer, token_ids, logprobs, top)
+        if self.chat:
+            return chat_logprobs(self.tokenizer, token_ids, logprobs, top)
+        start = self._text_offsets.get(i, 0) if streamed else 0
+        out = completion_logprobs(self.tokenizer, token_ids, logprobs, top, start)
+        if streamed:  # the next chunk's offsets go on from here
+            self._text_offsets[i] = start + sum(len(t) for t in out["tokens"])
+        return out
 
     @staticmethod
     def _failure(event: Failed) -> ApiError:
@@ -434,7 +447,7 @@ class _Context:
         choices = []
         for i in sorted(completions):
             c = completions[i]
-            lp = self._logprobs(c.token_ids, c.logprobs, c.top_logprobs)
+            lp = self._logprobs(i, c.token_ids, c.logprobs, c.top_logprobs)
             if self.chat:
                 choices.append(
                     {
@@ -453,6 +466,7 @@ class _Context:
             "object": self.object,
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": self.fingerprint,
             "choices": choices,
             "usage": self._finish(completions),
         }
@@ -471,6 +485,7 @@ class _Context:
             "object": obj,
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": self.fingerprint,
             "choices": choices,
         }
         if usage_ is not None:
@@ -498,7 +513,9 @@ class _Context:
             )
         async for i, event in self._events():
             if isinstance(event, Delta):
-                lp = self._logprobs(event.token_ids, event.logprobs, event.top_logprobs)
+                lp = self._logprobs(
+                    i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
+                )
                 if self.chat:
                     choice = {
                         "index": i,

@@ -85,6 +85,29 @@ def test_vllm_utility_endpoints(server):
     assert json.loads(server.get("/version"))["version"]
 
 
+def test_offsets_fingerprint_and_max_completion_tokens(server):
+    """Streamed completions' text_offset goes on across chunks (it restarted at 0 in each);
+    responses carry a system_fingerprint; completions take max_completion_tokens."""
+    client = server.client()
+    kw = dict(model=MODEL, prompt="The quick brown", temperature=0, logprobs=1)
+    whole = client.completions.create(**kw, max_tokens=10, extra_body={"ignore_eos": True})
+    offsets, tokens = [], []
+    for chunk in client.completions.create(
+        **kw, max_tokens=10, stream=True, extra_body={"ignore_eos": True}
+    ):
+        assert chunk.system_fingerprint == whole.system_fingerprint
+        if chunk.choices and chunk.choices[0].logprobs:
+            offsets += chunk.choices[0].logprobs.text_offset
+            tokens += chunk.choices[0].logprobs.tokens
+    assert offsets == whole.choices[0].logprobs.text_offset  # one sequence, as if not streamed
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert whole.system_fingerprint.startswith("lanes-")
+    short = client.completions.create(
+        model=MODEL, prompt="x", extra_body={"max_completion_tokens": 3, "ignore_eos": True}
+    )
+    assert short.usage.completion_tokens == 3
+
+
 def test_request_ids_and_cors_headers(server):
     import urllib.request
 
