@@ -348,4 +348,26 @@ def engine_report(engine: Engine, integrity: str) -> dict:
         "peak_memory_bytes": peak_memory_bytes(engine.config.device),
         "failed_requests": m.num_failures,
         "rounds": m.num_rounds,
+        "preemptions": m.num_preemptions,
+        "prefix_cache_queried_tokens": m.queried_tokens,
+        "prefix_cache_hit_tokens": m.cached_tokens,
+        "verify_steps": m.num_verify_steps,
+        "draft_tokens": m.num_drafted,
+        "accepted_draft_tokens": m.num_accepted,
+        **_recurrent_report(engine),
+    }
+
+
+def _recurrent_report(engine: Engine) -> dict:
+    """Hybrid models: the recurrent-state slots and snapshots beside the KV."""
+    if engine.recurrent is None:
+        return {}
+    pool, snaps = engine.recurrent.pool, engine.recurrent.snapshots
+    per_slot = (pool.conv[0].numel() + pool.recurrent[0].numel()) * 4
+    return {
+        "state_slots_total": pool.num_slots,
+        "state_slots_used": pool.num_slots - pool.num_free,
+        "state_bytes": pool.num_slots * per_slot,
+        "state_snapshots": len(snaps),
+        "state_snapshot_bytes": snaps.nbytes,
     }

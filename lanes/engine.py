@@ -64,6 +64,7 @@ class Completion:
     cached_tokens: int  # prompt tokens found in the prompt cache at admission
     arrival_time: float  # engine clock
     token_times: list[float]  # engine clock at each output token
+    first_scheduled_time: float | None = None  # engine clock when it first got a lane
     num_drafted: int = 0  # draft tokens verified for this request
     num_accepted: int = 0  # of them, kept
     num_target_steps: int = 0  # target forwards that yielded this request's tokens
@@ -716,9 +717,11 @@ class Engine:
                 self.recurrent.admit(lane, len(matched))
             lane.num_computed = len(matched) * bs
             lane.num_published = len(matched)
-            if not lane.output_ids:  # first admission, not a return from preemption
+            if lane.first_scheduled_time is None:  # not a return from preemption
+                lane.first_scheduled_time = self.clock()
                 lane.cached_tokens = lane.num_computed
                 self.metrics.cached_tokens += lane.num_computed
+                self.metrics.queried_tokens += len(lane.prompt_ids)
             lane.state = LaneState.FILL
             self.running.append(self.waiting.pop(0))
         return failed
@@ -826,6 +829,7 @@ class Engine:
             cached_tokens=lane.cached_tokens,
             arrival_time=lane.arrival_time,
             token_times=list(lane.token_times),
+            first_scheduled_time=lane.first_scheduled_time,
             num_drafted=lane.num_drafted,
             num_accepted=lane.num_accepted,
             num_target_steps=lane.num_sampling_steps,

@@ -42,6 +42,7 @@ class Lane:
     num_published: int = 0  # leading blocks already offered to the prompt cache
     cached_tokens: int = 0  # prompt tokens the first admission found in the prompt cache
     arrival_time: float = 0.0
+    first_scheduled_time: float | None = None  # engine clock at its first admission
     token_times: list[float] = field(default_factory=list)  # engine clock at each output token
     num_drafted: int = 0  # draft tokens the target verified
     num_accepted: int = 0  # of them, kept

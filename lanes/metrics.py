@@ -26,6 +26,7 @@ class EngineMetrics:
     decode_tokens: int = 0
     busy_seconds: float = 0.0
     cached_tokens: int = 0  # prompt tokens served from the prompt cache
+    queried_tokens: int = 0  # prompt tokens looked up in it (each request's first admission)
     num_preemptions: int = 0
     num_cancellations: int = 0
     num_failures: int = 0  # requests ended by an error in their own handling

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -42,71 +42,13 @@ from lanes.openai_api import (
     refuse_control_tokens,
     usage,
 )
+from lanes.server_metrics import ServerMetrics, finish_reason
 from lanes.utility_api import detokenize, model_card, tokenize, version
 
 log = logging.getLogger("lanes")
 
 MAX_BODY_BYTES = 4 * 2**20
 BODY_TIMEOUT_S = 30.0  # a client gets this long to send its whole request body
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-class ServerMetrics:
-    """Prometheus series, in a registry of the app's own."""
-
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "lanes_requests", "Finished requests", ["finish_reason"], registry=r
-        )
-        self.prompt_tokens = Counter(
-            "lanes_prompt_tokens", "Prompt tokens of finished requests", registry=r
-        )
-        self.cached_tokens = Counter(
-            "lanes_cached_prompt_tokens", "Prompt tokens served from the prompt cache", registry=r
-        )
-        self.generated = Counter("lanes_generation_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram(
-            "lanes_time_to_first_token_seconds", "TTFT", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.itl = Histogram(
-            "lanes_inter_token_latency_seconds",
-            "Inter-token latency",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.gauges = {
-            name: Gauge(f"lanes_{name}", doc, registry=r)
-            for name, doc in {
-                "draft_acceptance_rate": "Kept draft tokens / verified draft tokens",
-                "prefill_share": "Achieved share of wall time for prompt work (recent mixed rounds)",
-                "prompt_cache_bytes": "Bytes of KV held by the prompt cache",
-                "prompt_cache_blocks": "Blocks held by the prompt cache",
-                "active_lanes": "Lanes in FILL or DECODE",
-                "waiting_lanes": "Requests queued for a lane",
-                "kv_blocks_used": "KV blocks in use (lanes and prompt cache)",
-                "kv_blocks_total": "KV blocks in the pool",
-                "kv_integrity_ok": "1 if the block bookkeeping checks out",
-                "peak_memory_bytes": "Peak GPU memory allocated (CUDA), else peak resident set",
-                "engine_alive": "1 while the engine thread runs rounds",
-            }.items()
-        }
-
-    def observe(self, prompt_len: int, completion) -> None:
-        self.requests.labels(finish_reason(completion)).inc()
-        self.prompt_tokens.inc(prompt_len)
-        self.cached_tokens.inc(completion.cached_tokens)
-        self.generated.inc(len(completion.token_ids))
-        if completion.ttft is not None:
-            self.ttft.observe(completion.ttft)
-        times = completion.token_times
-        for a, b in zip(times, times[1:], strict=False):
-            self.itl.observe(b - a)
-
-
-def finish_reason(completion) -> str:
-    """OpenAI's name for how a choice ended: a cancelled one was aborted."""
-    return "abort" if completion.finish_reason == "cancelled" else completion.finish_reason
 
 
 def error_response(e: ApiError) -> JSONResponse:
@@ -124,7 +66,7 @@ def build_app(
 ) -> Starlette:
     """The app. allowed_origins: the browser origins CORS lets in (vLLM's default: any)."""
     runner = AsyncEngine(engine)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(model_name)
     control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
 
     @contextlib.asynccontextmanager
@@ -286,6 +228,7 @@ def build_app(
         g["kv_integrity_ok"].set(1.0 if report["integrity"] == "ok" else 0.0)
         g["peak_memory_bytes"].set(report["peak_memory_bytes"])
         g["engine_alive"].set(1.0 if runner.alive else 0.0)
+        metrics.engine_report.report = report
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
     async def http_error(request: Request, e: HTTPException) -> Response:

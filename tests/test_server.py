@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from lanes import EngineConfig, build_engine
+from lanes import EngineConfig, SamplingParams, build_engine
 from tests.live_server import MODEL, LiveServer, read_stream, run_clients
 
 
@@ -303,6 +303,51 @@ def test_twenty_clients_with_random_disconnects(server):
         "lanes_kv_integrity_ok 1.0" in metrics
         and "lanes_time_to_first_token_seconds_count" in metrics
     )
+
+
+def test_vllm_metric_names_for_stock_dashboards(long_model_dir):
+    """The series a vLLM dashboard reads, labelled model_name, with values that add up: one
+    request each, its latencies and lengths, prefix-cache lookups, speculative counters."""
+    import re
+
+    from lanes.drafter.replay import ReplayProposer
+
+    engine = build_engine(str(long_model_dir))
+    prompt = "one two three one two three one two three " * 4
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    (plain,) = engine.generate([prompt], params, cache_salt="record")
+    records = {tuple(engine.encode(prompt)): plain.token_ids}
+    engine.proposer = ReplayProposer(records, 0.7, engine.model_config.vocab_size)
+    queried_before = engine.metrics.queried_tokens  # the engine's counters include the record
+    with LiveServer(engine) as live:
+        client = live.client()
+        for _ in range(2):  # the second finds the first's blocks in the prefix cache
+            client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+        live.wait_idle()
+        text = live.get("/metrics")
+
+    def value(name: str) -> float:
+        m = re.search(rf'^{re.escape(name)}\{{model_name="{MODEL}"[^}}]*\}} (\S+)$', text, re.M)
+        assert m, name
+        return float(m.group(1))
+
+    assert value("vllm:e2e_request_latency_seconds_count") == 2
+    for name in ("queue_time", "prefill_time", "decode_time"):
+        assert value(f"vllm:request_{name}_seconds_count") == 2
+    assert value("vllm:time_per_output_token_seconds_count") == 2 * 23
+    assert value("vllm:request_generation_tokens_sum") == 48
+    assert value("vllm:generation_tokens_total") == 48
+    assert value("vllm:request_prompt_tokens_sum") == value("vllm:prompt_tokens_total") > 0
+    queried, hits = value("vllm:prefix_cache_queries_total"), value("vllm:prefix_cache_hits_total")
+    assert queried - queried_before == value("vllm:prompt_tokens_total") and 0 < hits < queried
+    drafts = value("vllm:spec_decode_num_draft_tokens_total")
+    assert 0 < value("vllm:spec_decode_num_accepted_tokens_total") < drafts
+    assert value("vllm:spec_decode_num_drafts_total") > 0
+    assert value("vllm:num_requests_running") == 0 and value("vllm:num_preemptions_total") == 0
+    assert 'vllm:request_success_total{finished_reason="length",model_name="' in text
 
 
 def test_api_key(long_model_dir):
