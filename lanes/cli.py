@@ -267,6 +267,21 @@ def _distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenizer(args: argparse.Namespace) -> int:
+    """`lanes tokenizer MODEL --out DIR`: e.g. the default model's tokenizer, which lives only
+    inside its GGUF, for guidellm's --processor or aiperf's --tokenizer."""
+    from pathlib import Path
+
+    from lanes.models import open_checkpoint
+
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise _CliError(f"two models given: {args.model_arg!r} and --model {args.model!r}")
+    checkpoint = open_checkpoint(args.model_arg or args.model)
+    for path in checkpoint.tokenizer.save(Path(args.out)):
+        print(path)
+    return 0
+
+
 def _kernels(args: argparse.Namespace) -> int:
     """The kernel registry, with each kernel's last GPU check from bench/results/."""
     from pathlib import Path
@@ -371,6 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     kern = sub.add_parser("kernels", help="list the Triton kernels and their last GPU check")
     kern.set_defaults(run=_kernels)
+
+    tok = sub.add_parser(
+        "tokenizer",
+        help="write a model's tokenizer as an HF tokenizer directory (for benchmark clients)",
+    )
+    tok.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help="as --model")
+    tok.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")
+    tok.add_argument("--out", required=True, help="the directory to write")
+    tok.set_defaults(run=_tokenizer)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help="as --model")

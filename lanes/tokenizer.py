@@ -79,6 +79,22 @@ class Tokenizer:
         # The rendered template already holds its special tokens (BOS included, where it has one).
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
 
+    def save(self, directory: Path) -> list[Path]:
+        """Write tokenizer.json and tokenizer_config.json (chat template, BOS/EOS) as an HF
+        tokenizer directory: what benchmark clients and `AutoTokenizer` read, also for models
+        whose tokenizer lives inside a GGUF file. Returns the files written."""
+        directory.mkdir(parents=True, exist_ok=True)
+        model_file, config_file = directory / "tokenizer.json", directory / "tokenizer_config.json"
+        self.tk.save(str(model_file))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "chat_template": self.chat_template,
+        }
+        config_file.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+        return [model_file, config_file]
+
     @classmethod
     def from_hf_dir(cls, path: Path, config: ModelConfig) -> Tokenizer:
         file = path / "tokenizer.json"

@@ -12,6 +12,7 @@ import torch
 from lanes import SamplingParams, build_engine
 from lanes.models import gguf_file
 from lanes.models.resolve import default_gguf
+from tests.conftest import CHATML
 
 
 def _permute_like_llama_cpp(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -56,6 +57,7 @@ def write_gguf(path, hf_dir, hf_model):
     w.add_token_types([3 if t in special else 1 for t in tokens])
     w.add_token_merges(merges)
     w.add_eos_token_id(0)
+    w.add_chat_template(CHATML)
     for name, t in hf_model.state_dict().items():
         a = t.float().numpy()
         if name.endswith("q_proj.weight"):
@@ -81,6 +83,37 @@ def test_tiny_gguf_matches_transformers(tiny_models, tmp_path):
     with torch.no_grad():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_tokenizer_export_from_a_gguf(tiny_models, tmp_path):
+    """`lanes tokenizer X.gguf --out DIR` writes an HF tokenizer directory that transformers
+    loads and that tokenizes, chat-templates and decodes as lanes does (benchmark clients need
+    one; a GGUF's tokenizer is inside the file)."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    hf_dir, hf = tiny_models["llama"]
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, hf_dir, hf)
+    out = tmp_path / "tok"
+    done = subprocess.run(
+        [sys.executable, "-m", "lanes.cli", "tokenizer", str(path), "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    ours = build_engine(str(path)).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(str(out))
+    text = "The quick brown fox jumps over the lazy dog. 0123 Paris!"
+    assert theirs(text)["input_ids"] == ours.encode(text)
+    chat = [{"role": "user", "content": "Hi there"}]
+    assert ours.chat_template == CHATML
+    assert theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        ours.apply_chat_template(chat)
+    )
+    assert theirs.decode(ours.encode(text)) == ours.decode(ours.encode(text))
 
 
 def test_unpermute_is_the_inverse():
