@@ -29,6 +29,7 @@ from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
 from lanes.metrics import EngineMetrics, RoundRecord
 from lanes.models import Checkpoint
+from lanes.penalties import process_logits
 from lanes.recurrent import RecurrentStates
 from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import ModelRunner
@@ -204,6 +205,8 @@ class Engine:
             raise RequestError("the prompt is empty")
         if any(not 0 <= t < vocab for t in ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t, _ in params.logit_bias):
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
         if len(ids) >= self.context_len:
             raise RequestError(
                 f"the prompt has {len(ids)} tokens; the model's context is {self.context_len} "
@@ -309,8 +312,7 @@ class Engine:
             s.num_tokens == 1
             and s.num_logits == 1
             and s.num_drafted == 0
-            and p.is_greedy
-            and p.top_logprobs == 0
+            and samples_on_device(p)  # greedy, no top_logprobs, no logits processing
             and self.comm is None
         )
 
@@ -571,7 +573,16 @@ class Engine:
     ) -> list[tuple[int, float, list[tuple[int, float]] | None]]:
         """Sample and verify one step's logits rows [num_logits, vocab] row by row (the CPU path,
         rejection verification, top_logprobs): tokens with logprob and top alternatives."""
-        p = s.lane.params
+        p, lane = s.lane.params, s.lane
+        process = None
+        if p.processes_logits:  # penalties etc. over the output so far and the drafts before
+            stops = frozenset(p.stop_token_ids) | (
+                frozenset() if p.ignore_eos else self.eos_token_ids
+            )
+
+            def process(j: int, row: torch.Tensor) -> torch.Tensor:
+                return process_logits(row, p, lane.prompt_ids, self._row_history(s, j), stops)
+
         emitted = verify(
             self.config.verify_mode,
             rows,
@@ -579,6 +590,7 @@ class Engine:
             s.draft_logprobs,
             p,
             s.end - s.num_logits + 1,
+            process,
         )
         out = []
         for token, logprobs in emitted:
@@ -588,6 +600,11 @@ class Engine:
                 top = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
             out.append((token, float(logprobs[token]), top))
         return out
+
+    @staticmethod
+    def _row_history(s: Step, j: int) -> list[int]:
+        """The output before row j of a sampling step: the lane's, then the drafts before j."""
+        return s.lane.output_ids + list(s.draft_ids[:j])
 
     def _take_tokens(
         self,

@@ -43,9 +43,6 @@ class ApiError(Exception):
 
 # Fields lanes does not implement: refuse them rather than silently ignore what changes output.
 _UNSUPPORTED = {
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
     "tools": None,
     "functions": None,
     "best_of": None,
@@ -58,10 +55,8 @@ _UNSUPPORTED = {
     "guided_regex": None,
     "guided_choice": None,
     "guided_grammar": None,
-    "repetition_penalty": 1,
-    "min_p": 0,
-    "min_tokens": 0,
 }
+MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 
 
 @dataclass(frozen=True)
@@ -230,6 +225,12 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
             ignore_eos=_get(body, "ignore_eos", bool, False),
             draft=_get(body, "draft", bool, True),
             top_logprobs=logprobs or 0,
+            presence_penalty=_get(body, "presence_penalty", float, 0.0),
+            frequency_penalty=_get(body, "frequency_penalty", float, 0.0),
+            repetition_penalty=_get(body, "repetition_penalty", float, 1.0),
+            min_p=_get(body, "min_p", float, 0.0),
+            min_tokens=_get(body, "min_tokens", int, 0),
+            logit_bias=_logit_bias(body.get("logit_bias")),
         )
     except ValueError as e:
         raise ApiError(str(e)) from e
@@ -244,6 +245,26 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
         logprobs=logprobs,
         max_tokens_given=max_tokens is not None,
     )
+
+
+def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} (ids as strings, or ints from vLLM clients)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or len(raw) > MAX_LOGIT_BIAS:
+        raise ApiError(
+            f"'logit_bias' must map token ids to biases (at most {MAX_LOGIT_BIAS})", "logit_bias"
+        )
+    out = []
+    for key, bias in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError) as e:
+            raise ApiError(f"'logit_bias' key {key!r:.40} is not a token id", "logit_bias") from e
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ApiError(f"'logit_bias' value for {token} is not a number", "logit_bias")
+        out.append((token, float(bias)))
+    return tuple(sorted(out))
 
 
 def _stop_strings(stop: Any) -> tuple[str, ...]:

@@ -29,6 +29,13 @@ class SamplingParams:
     ignore_eos: bool = False
     draft: bool = True  # per-request speculative decoding switch
     top_logprobs: int = 0  # also keep this many most likely tokens per position (0..20)
+    # logits processing before sampling (lanes/penalties.py); neutral values change nothing
+    presence_penalty: float = 0.0  # [-2, 2], over the output
+    frequency_penalty: float = 0.0  # [-2, 2], over the output
+    repetition_penalty: float = 1.0  # > 0, over prompt and output
+    min_p: float = 0.0  # [0, 1]
+    min_tokens: int = 0  # EOS and stop_token_ids held back until this many tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -47,10 +54,33 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if any(t < 0 or not -100 <= b <= 100 for t, b in self.logit_bias):
+            raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether penalties, logit_bias, min_p or min_tokens change this request's logits."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.min_p
+            or self.min_tokens
+            or self.logit_bias
+        )
 
     def with_seed(self) -> SamplingParams:
         """These params with a concrete seed (drawn now if the request gave none)."""

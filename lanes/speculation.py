@@ -11,6 +11,7 @@ The output follows the target's distribution but is not the undrafted stream tok
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -59,6 +60,7 @@ def verify(
     draft_logprobs: torch.Tensor | None,
     params: SamplingParams,
     first_position: int,
+    process: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> list[tuple[int, torch.Tensor]]:
     """Tokens the target emits for one verify step, each with the log-probabilities [vocab] of
     the distribution it was sampled from.
@@ -67,12 +69,18 @@ def verify(
     stands. draft_logprobs [len(drafts), vocab] is the drafter's sampling distribution (rejection
     mode; None for drafters that propose deterministically). Emits the kept drafts and one more
     token: the correction at the first rejection, or the bonus after the last draft.
+    process(j, row): row j's logits processing (lanes.penalties), which sees the drafts before
+    row j as output: a position's logits are those of undrafted decoding.
     """
+
+    def row(j: int) -> torch.Tensor:
+        return logits[j] if process is None else process(j, logits[j])
+
     if mode == "rejection" and not params.is_greedy:
-        return _verify_rejection(logits, drafts, draft_logprobs, params, first_position)
+        return _verify_rejection(row, len(drafts), drafts, draft_logprobs, params, first_position)
     out = []
     for j in range(len(drafts) + 1):
-        token, logprobs = sample_row(logits[j], params, first_position + j, params.seed)
+        token, logprobs = sample_row(row(j), params, first_position + j, params.seed)
         out.append((token, logprobs))
         if j == len(drafts) or token != drafts[j]:
             break
@@ -84,7 +92,7 @@ def samples_on_device(params: SamplingParams) -> bool:
     top_logprobs. Sampled rows stay on the host path (`verify`) for now: the kernel's top-p
     bisection takes 0.4-1.2 ms per row on a 49K-128K vocabulary (H200), more than it saves.
     The choice depends on the lane's parameters alone, so each lane always takes one path."""
-    return params.is_greedy and params.top_logprobs == 0
+    return params.is_greedy and params.top_logprobs == 0 and not params.processes_logits
 
 
 def coupled_from_samples(
@@ -100,12 +108,13 @@ def coupled_from_samples(
     return out
 
 
-def _verify_rejection(logits, drafts, draft_logprobs, params, first_position):
+def _verify_rejection(row, num_rows, drafts, draft_logprobs, params, first_position):
+    """row(j): row j's (processed) logits; num_rows = len(drafts)."""
     seed = params.seed
     out = []
     for j, d in enumerate(drafts):
         pos = first_position + j
-        logp = sampling_logprobs(logits[j], params)
+        logp = sampling_logprobs(row(j), params)
         p = logp.exp()
         if draft_logprobs is None:
             q = torch.zeros_like(p)
@@ -119,10 +128,10 @@ def _verify_rejection(logits, drafts, draft_logprobs, params, first_position):
         residual = torch.clamp(p - q, min=0.0)
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is right
             residual = p
-        noise = gumbel_noise(seed, pos, p.shape[-1], logits.device, STREAM_RESIDUAL)
+        noise = gumbel_noise(seed, pos, p.shape[-1], p.device, STREAM_RESIDUAL)
         token = int(torch.argmax(torch.log(residual) + noise))
         out.append((token, logp))
         return out
-    token, logprobs = sample_row(logits[len(drafts)], params, first_position + len(drafts), seed)
+    token, logprobs = sample_row(row(num_rows), params, first_position + num_rows, seed)
     out.append((token, logprobs))
     return out

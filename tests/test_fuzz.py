@@ -146,9 +146,7 @@ def _chat_abuse(rng):
 
 def _unsupported(rng):
     path, body = _valid(rng)
-    field, value = rng.choice(
-        [("tools", [{"type": "function"}]), ("logit_bias", {"5": 100}), ("echo", True)]
-    )
+    field, value = rng.choice([("tools", [{"type": "function"}]), ("suffix", "x"), ("echo", True)])
     body[field] = value
     return path, json.dumps(body).encode(), {}
 

@@ -32,7 +32,8 @@ LAYERS = [
     ("ops", ["lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention"]),
     ("kernels", ["lanes.kernels"]),
     # below all of them: memory, the round plan, requests, config (DESIGN.md)
-    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.sampling", "lanes.config",
+    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.sampling", "lanes.penalties",
+              "lanes.config",
               "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
               "lanes.packed", "lanes._source_tree"]),
 ]  # fmt: skip

@@ -119,8 +119,8 @@ def test_stats_line_reports_the_interval_and_keeps_quiet_when_idle():
 
 
 def test_fields_that_would_change_output_are_refused_not_ignored():
-    """response_format, vLLM's guided/structured outputs and sampling extras are not implemented
-    yet: set to anything but their neutral value, they get a 400 naming the field."""
+    """response_format and vLLM's guided/structured outputs are not implemented yet: set to
+    anything but their neutral value, they get a 400 naming the field."""
     from lanes.openai_api import ApiError, parse_request
 
     body = {"prompt": "x", "max_tokens": 4}
@@ -129,15 +129,42 @@ def test_fields_that_would_change_output_are_refused_not_ignored():
         ("structured_outputs", {"json": {"type": "object"}}),
         ("guided_json", {"type": "object"}),
         ("guided_choice", ["a", "b"]),
-        ("repetition_penalty", 1.2),
-        ("min_p", 0.05),
-        ("min_tokens", 8),
     ]:
         with pytest.raises(ApiError, match=name):
             parse_request({**body, name: value}, False, 256)
-    for name, neutral in [("response_format", {"type": "text"}), ("min_p", 0.0), ("min_tokens", 0),
-                          ("repetition_penalty", 1.0)]:  # fmt: skip
-        parse_request({**body, name: neutral}, False, 256)  # accepted: changes nothing
+    parse_request({**body, "response_format": {"type": "text"}}, False, 256)  # changes nothing
+
+
+def test_penalties_and_sampling_extras_are_parsed_and_checked():
+    from lanes.openai_api import ApiError, parse_request
+
+    body = {"prompt": "x", "max_tokens": 4, "temperature": 0.7}
+    extras = {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.25,
+        "repetition_penalty": 1.2,
+        "min_p": 0.05,
+        "min_tokens": 2,
+        "logit_bias": {"7": -100, "3": 2.5},
+    }
+    (params,) = parse_request({**body, **extras}, False, 256).params
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -0.25)
+    assert (params.repetition_penalty, params.min_p, params.min_tokens) == (1.2, 0.05, 2)
+    assert params.logit_bias == ((3, 2.5), (7, -100.0)) and params.processes_logits
+    (plain,) = parse_request(body, False, 256).params
+    assert not plain.processes_logits
+    for name, bad in [
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3),
+        ("repetition_penalty", 0),
+        ("min_p", 1.5),
+        ("min_tokens", 5),  # above max_tokens
+        ("logit_bias", {"x": 1}),
+        ("logit_bias", {"5": 101}),
+        ("logit_bias", [5]),
+    ]:
+        with pytest.raises(ApiError, match=name):
+            parse_request({**body, name: bad}, False, 256)
 
 
 def test_a_first_download_says_so(tmp_path, monkeypatch, capsys):
