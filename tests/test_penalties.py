@@ -122,3 +122,21 @@ def test_concurrent_equals_solo_with_penalties(tiny_models, sampling):
     batched = engine.generate(PROMPTS, params)
     for s, b in zip(solo, batched, strict=True):
         assert (b.token_ids, b.logprobs) == (s.token_ids, s.logprobs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
+def test_on_the_gpu_drafted_equals_undrafted_with_penalties(tiny_models, sampling):
+    """The same on CUDA, where greedy lanes without penalties sample on the device and
+    penalised ones must not: mixed in one batch, each keeps its own tokens."""
+    path, _ = tiny_models["llama"]
+    cfg = EngineConfig(device="cuda", num_draft_tokens=4, adaptive_drafts=False)
+    engine = build_engine(str(path), cfg)
+    drafted, plain = _drafted_and_plain(engine, _params(**sampling))
+    for d, p in zip(drafted, plain, strict=True):
+        assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
+    unpenalised = SamplingParams(max_tokens=24, ignore_eos=True)
+    mixed = engine.generate(PROMPTS * 2, [_params(**sampling)] * 3 + [unpenalised] * 3)
+    solo = [engine.generate([p], unpenalised)[0] for p in PROMPTS]
+    assert [m.token_ids for m in mixed[:3]] == [p.token_ids for p in plain]
+    assert [m.token_ids for m in mixed[3:]] == [s.token_ids for s in solo]
