@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -126,12 +127,39 @@ def _serve(args: argparse.Namespace) -> int:
 
         from lanes.build import run_tensor_parallel
 
+        if args.tokenizer:
+            raise _CliError("--tokenizer is not supported with --tensor-parallel yet")
         run_tensor_parallel(
             args.tensor_parallel, model, config, functools.partial(serve, **options)
         )
         return 0
+    if args.tokenizer:
+        checkpoint = with_tokenizer(model, args.tokenizer)
+        serve(build_engine(checkpoint=checkpoint, config=config), **options)
+        return 0
     serve(build_engine(model, config), **options)
     return 0
+
+
+def with_tokenizer(model: str | None, tokenizer_dir: str):
+    """The model's checkpoint with the tokenizer of another HF directory (vLLM's --tokenizer):
+    it must not know ids past the model's vocabulary."""
+    from pathlib import Path
+
+    from lanes.models import open_checkpoint
+    from lanes.tokenizer import Tokenizer
+
+    checkpoint = open_checkpoint(model)
+    path = Path(tokenizer_dir)
+    if not path.is_dir():
+        raise _CliError(f"--tokenizer {tokenizer_dir}: not a directory (a local HF tokenizer)")
+    tokenizer = Tokenizer.from_hf_dir(path, checkpoint.config)
+    if tokenizer.vocab_size > checkpoint.config.vocab_size:
+        raise _CliError(
+            f"--tokenizer {tokenizer_dir} has {tokenizer.vocab_size} tokens; the model has "
+            f"{checkpoint.config.vocab_size}"
+        )
+    return dataclasses.replace(checkpoint, tokenizer=tokenizer)
 
 
 def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
@@ -436,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one"
+    )
+    serve.add_argument(
+        "--tokenizer",
+        default=None,
+        help="an HF tokenizer directory to use instead of the model's own",
     )
     serve.add_argument(
         "--api-key",

@@ -304,3 +304,17 @@ def test_on_the_gpu_concurrent_equals_solo_and_drafted_equals_undrafted(hybrid, 
     for d, p in zip(drafted, plain, strict=True):
         assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
     engine.check_integrity()
+
+
+def test_a_model_drafter_drafts_for_a_hybrid_target(hybrid, tiny_models):
+    """An attention-only drafter model (same tokenizer) proposes for a hybrid target; the
+    output is the target's own."""
+    llama_dir, _ = tiny_models["llama"]
+    cfg = EngineConfig(drafter=str(llama_dir), num_draft_tokens=3, adaptive_drafts=False)
+    engine = build_engine(str(hybrid[0]), cfg)
+    drafted = engine.generate(PROMPTS, SEEDED)
+    plain = engine.generate(PROMPTS, dataclasses.replace(SEEDED, draft=False))
+    assert sum(d.num_drafted for d in drafted) > 0
+    for d, p in zip(drafted, plain, strict=True):
+        assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
+    engine.check_integrity()

@@ -180,3 +180,31 @@ def test_a_first_download_says_so(tmp_path, monkeypatch, capsys):
     with pytest.raises(resolve.ModelNotFound, match="no network"):
         resolve.default_gguf()
     assert "lanes: fetching the default model" in capsys.readouterr().err
+
+
+def test_tokenizer_flag_takes_another_directory(tiny_models, tmp_path):
+    """vLLM's --tokenizer: the tokenizer of another HF directory replaces the model's (here one
+    with another chat template); a missing directory or a larger vocabulary is a clear error."""
+    import json
+
+    from lanes.cli import _CliError, with_tokenizer
+
+    path, _ = tiny_models["llama"]
+    other = tmp_path / "tok"
+    other.mkdir()
+    (other / "tokenizer.json").write_text((path / "tokenizer.json").read_text())
+    template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    (other / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    checkpoint = with_tokenizer(str(path), str(other))
+    assert checkpoint.tokenizer.chat_template == template
+    assert checkpoint.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "[hi]"
+    with pytest.raises(_CliError, match="not a directory"):
+        with_tokenizer(str(path), str(tmp_path / "missing"))
+    big = tmp_path / "big"
+    big.mkdir()
+    from tests.conftest import train_tokenizer
+
+    train_tokenizer(vocab_size=600).save(str(big / "tokenizer.json"))
+    (big / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(_CliError, match="tokens; the model has"):
+        with_tokenizer(str(path), str(big))
