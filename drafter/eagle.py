@@ -196,7 +196,7 @@ class EagleDrafter(Proposer):
         self.vocab_size = mc.vocab_size
         self.shadows: dict[int, _Shadow] = {}
         self._zero = torch.zeros((1, mc.hidden_size), dtype=dtype, device=config.device)
-        # greedy drafts 2..k as one graph replay (CUDA graphs only)
+        # a greedy round's forwards as one graph replay (CUDA graphs only)
         graphs = self.runner.graphs
         self.chain = None if graphs is None else ChainGraphs(graphs, self._greedy)
 

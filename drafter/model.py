@@ -98,7 +98,7 @@ class ModelDrafter(Proposer):
         self.runner = build_runner(decoder, num_blocks, config, dtype)
         self.ops = decoder.ops
         self.shadows: dict[int, _Shadow] = {}
-        # greedy drafts 2..k as one graph replay (CUDA graphs only)
+        # a greedy round's forwards as one graph replay (CUDA graphs only)
         graphs = self.runner.graphs
         self.chain = None if graphs is None else ChainGraphs(graphs, self._greedy)
 

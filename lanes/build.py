@@ -56,7 +56,7 @@ def build_engine(
         len(mc.attention_layers), cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype
     )
     budget = cfg.kv_cache_bytes - _state_bytes(mc, cfg.max_lanes)
-    if budget < per_block:
+    if mc.is_hybrid and budget < per_block:
         raise ConfigError(
             f"--kv-cache-bytes {cfg.kv_cache_bytes} does not hold the recurrent state of "
             f"{cfg.max_lanes} lanes ({_state_bytes(mc, cfg.max_lanes)} bytes) and one KV block"
