@@ -59,10 +59,10 @@ class Injector:
         elif stage == "sample":
             verify = lanes.engine.verify
 
-            def bad_verify(mode, rows, drafts, draft_lp, params, position):
+            def bad_verify(mode, rows, drafts, draft_lp, params, *rest):
                 if params.seed == POISON_SEED:
                     self.fire()
-                return verify(mode, rows, drafts, draft_lp, params, position)
+                return verify(mode, rows, drafts, draft_lp, params, *rest)
 
             monkeypatch.setattr(lanes.engine, "verify", bad_verify)
         elif stage == "output":
