@@ -1,6 +1,7 @@
 """Batch-1 generation speed of the engine, exact vs fast ops, on any model and device.
 
     python bench/bench_generate.py [--model M] [--device cpu] [--new-tokens 64] [--repeats 5]
+        [--modes exact,fast] [--dtypes auto]      (e.g. --modes exact --dtypes float32,bfloat16)
 
 Prints a table and writes bench/results/generate-<device>.json. Modes alternate (A B A B) so drift
 hits both; the first run of each mode is a warm-up and is dropped.
@@ -29,14 +30,19 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--modes", default="exact,fast")
+    ap.add_argument("--dtypes", default="auto", help="comma-separated: auto, float32, bfloat16")
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
+    dtypes = args.dtypes.split(",")
     engines = {
-        mode: build_engine(
-            checkpoint=ckpt, config=EngineConfig(device=args.device, exact=mode == "exact")
+        mode if len(dtypes) == 1 else f"{mode}-{dtype}": build_engine(
+            checkpoint=ckpt,
+            config=EngineConfig(device=args.device, exact=mode == "exact", dtype=dtype),
         )
-        for mode in ("exact", "fast")
+        for mode in args.modes.split(",")
+        for dtype in dtypes
     }
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {m: [] for m in engines}
@@ -60,7 +66,7 @@ def main() -> None:
         "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads",
         "device": args.device,
         "model": ckpt.source,
-        "dtype": engines["exact"].config.torch_dtype_name,
+        "dtypes": {m: e.config.torch_dtype_name for m, e in engines.items()},
         "batch": 1,
         "prompt_tokens": prompt_len,
         "new_tokens": args.new_tokens,
@@ -71,8 +77,9 @@ def main() -> None:
         f"{'mode':6} {'median s':>9} {'tok/s':>7}   (prompt {prompt_len}, {args.new_tokens} new, batch 1)"
     )
     for mode, r in rows.items():
-        print(f"{mode:6} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}")
-    out = Path(__file__).parent / "results" / f"generate-{args.device}.json"
+        print(f"{mode:14} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}")
+    tag = "" if args.modes == "exact,fast" and args.dtypes == "auto" else "-" + "-".join(engines)
+    out = Path(__file__).parent / "results" / f"generate-{args.device}{tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 
