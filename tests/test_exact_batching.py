@@ -48,6 +48,29 @@ def test_batched_equals_solo(exact, params):
         assert b.logprobs == s.logprobs  # bitwise: the same floats, not merely close
 
 
+@pytest.mark.parametrize("exact_mode", [True, False], ids=["exact", "negative-control-fast"])
+def test_bfloat16_on_the_cpu_keeps_batch_invariance(llama_dir, exact_mode):
+    """bf16 weights nearly halve CPU decode time (bench/NOTES.md); the exact ops stay
+    batch-invariant in bf16 too, and the fast ops do not."""
+    cfg = EngineConfig(dtype="bfloat16", exact=exact_mode, max_tokens_per_round=40)
+    engine = build_engine(str(llama_dir), cfg)
+    assert engine.runner.kv.dtype == torch.bfloat16
+    prompts = [  # long enough to be chunked while other lanes decode
+        "The quick brown fox jumps over the lazy dog " * 3,
+        "Paris is the capital of France; Berlin is",
+        "def add(a, b):\n    return a + b\n" * 4,
+        "fox",
+    ]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    solo = [engine.generate([p], params)[0] for p in prompts]
+    batched = engine.generate(prompts, params)
+    same = [
+        (s.token_ids, s.logprobs) == (b.token_ids, b.logprobs)
+        for s, b in zip(solo, batched, strict=True)
+    ]
+    assert all(same) if exact_mode else not all(same)
+
+
 def _alone_and_together(engine):
     """Logits of a one-token prompt run alone (one row) and between two longer prompts."""
     a, c = (engine.tokenizer.encode(p) for p in PROMPTS[:2])
