@@ -6,7 +6,8 @@ lane), prefill time (first lane to first token), decode time (first to last toke
 first token, time per output token, prompt and generation lengths. From the engine's last
 published report (read when /metrics is scraped): running and waiting requests, KV usage,
 preemptions, prefix-cache queried and hit tokens, speculative drafts, draft tokens and accepted
-tokens. vLLM's per-position acceptance counts are not kept.
+tokens; for hybrid models, the recurrent-state slots and snapshots (`lanes_state_*`). vLLM's
+per-position acceptance counts are not kept.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _LENGTH_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+# hybrid models' recurrent state beside the KV (the engine report's keys)
+_STATE_SERIES = {
+    "state_slots_total": "Recurrent-state slots (one per lane that can run)",
+    "state_slots_used": "Recurrent-state slots held by lanes",
+    "state_bytes": "Bytes of the recurrent-state slots",
+    "state_snapshots": "Recurrent-state snapshots kept for cached prefixes",
+    "state_snapshot_bytes": "Bytes of those snapshots",
+}
 
 
 def finish_reason(completion) -> str:
@@ -69,6 +80,11 @@ class _EngineReport:
             "Draft tokens kept",
             r.get("accepted_draft_tokens", 0),
         )
+        for key, doc in _STATE_SERIES.items():  # hybrid models only
+            if key in r:
+                g = GaugeMetricFamily(f"lanes_{key}", doc)
+                g.add_metric([], r[key])
+                yield g
 
 
 class ServerMetrics:

@@ -277,7 +277,11 @@ def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
         deadline = time.time() + 60
         while server.kv()["active_lanes"] and time.time() < deadline:
             time.sleep(0.05)
-        assert server.kv()["integrity"] == "ok"
+        kv = server.kv()
+        assert kv["integrity"] == "ok" and kv["state_slots_used"] == 0 and kv["state_snapshots"] > 0
+        metrics = server.get("/metrics")
+        assert f"lanes_state_slots_total {float(kv['state_slots_total'])}" in metrics
+        assert f"lanes_state_snapshot_bytes {float(kv['state_snapshot_bytes'])}" in metrics
         client = server.client()
         retry = client.completions.create(**kw, extra_body={"ignore_eos": True})
         fresh = client.completions.create(
