@@ -45,6 +45,10 @@ class StatePool:
         return 4 * num_layers * per_layer
 
     @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.recurrent.nbytes
+
+    @property
     def num_slots(self) -> int:
         return self.conv.shape[0]
 
@@ -71,7 +75,8 @@ class StatePool:
     def read(self, slot: int, layer: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [channels, kernel - 1], state [heads, dk, dv]) after `position` tokens: zeros
         at 0, else the slot's, or the one it held before its latest write when a failed forward
-        is run again from the same position."""
+        is run again from the same position. The copies returned are also that backup: the
+        caller must not change them in place."""
         if slot < 0:
             raise ValueError("a hybrid model's step needs its lane's state slot")
         if position == 0:
@@ -80,7 +85,9 @@ class StatePool:
             )
         held = self.positions[slot][layer]
         if held == position:
-            return self.conv[slot, layer].clone(), self.recurrent[slot, layer].clone()
+            conv, state = self.conv[slot, layer].clone(), self.recurrent[slot, layer].clone()
+            self.before[(slot, layer)] = (position, conv, state)  # what the next write replaces
+            return conv, state
         before = self.before.get((slot, layer))
         if before is not None and before[0] == position:
             return before[1].clone(), before[2].clone()
@@ -100,12 +107,6 @@ class StatePool:
     ) -> None:
         """The state after `position` tokens (a step's last row); with `rows`, the state after
         each of its rows from first_position on, kept for `settle`."""
-        old = self.positions[slot][layer]
-        self.before[(slot, layer)] = (
-            old,
-            self.conv[slot, layer].clone(),
-            self.recurrent[slot, layer].clone(),
-        )
         self.conv[slot, layer] = conv
         self.recurrent[slot, layer] = state
         self.positions[slot][layer] = position

@@ -363,11 +363,10 @@ def _recurrent_report(engine: Engine) -> dict:
     if engine.recurrent is None:
         return {}
     pool, snaps = engine.recurrent.pool, engine.recurrent.snapshots
-    per_slot = (pool.conv[0].numel() + pool.recurrent[0].numel()) * 4
     return {
         "state_slots_total": pool.num_slots,
         "state_slots_used": pool.num_slots - pool.num_free,
-        "state_bytes": pool.num_slots * per_slot,
+        "state_bytes": pool.nbytes,
         "state_snapshots": len(snaps),
         "state_snapshot_bytes": snaps.nbytes,
     }
