@@ -184,24 +184,22 @@ def build_app(
             return error_response(e)
         return JSONResponse(model_card(model_name, engine.context_len))
 
-    async def tokenize_route(request: Request) -> Response:
+    async def json_utility(request: Request, answer) -> Response:
+        """A utility endpoint: the key checked, the JSON body read, answer(body) off the loop."""
         try:
             check_key(request)
             body = await read_json(request)
-            tok = engine.tokenizer
-            out = await asyncio.to_thread(tokenize, body, tok, engine.context_len, control_tokens)
+            out = await asyncio.to_thread(answer, body)
         except ApiError as e:
             return error_response(e)
         return JSONResponse(out)
 
+    async def tokenize_route(request: Request) -> Response:
+        tok, limit = engine.tokenizer, engine.context_len
+        return await json_utility(request, lambda b: tokenize(b, tok, limit, control_tokens))
+
     async def detokenize_route(request: Request) -> Response:
-        try:
-            check_key(request)
-            body = await read_json(request)
-            out = await asyncio.to_thread(detokenize, body, engine.tokenizer)
-        except ApiError as e:
-            return error_response(e)
-        return JSONResponse(out)
+        return await json_utility(request, lambda b: detokenize(b, engine.tokenizer))
 
     async def version_route(request: Request) -> Response:
         return JSONResponse(version())
