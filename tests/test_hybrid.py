@@ -322,3 +322,19 @@ def test_a_model_drafter_drafts_for_a_hybrid_target(hybrid, tiny_models):
     for d, p in zip(drafted, plain, strict=True):
         assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
     engine.check_integrity()
+
+
+def test_state_pool_reruns_a_failed_forward_from_its_backup():
+    """A forward that fails after some layers wrote their state is run again from the same
+    position: read() then gives the state from before that write, and anything else fails."""
+    pool = StatePool(2, 1, (3, 2), (2, 2, 2), "cpu")
+    slot = pool.allocate()
+    pool.write(slot, 0, 4, torch.ones(3, 2), torch.ones(2, 2, 2))
+    conv, state = pool.read(slot, 0, 4)
+    assert torch.equal(conv, torch.ones(3, 2))
+    pool.write(slot, 0, 9, conv * 5, state * 5)  # the forward's write, then it fails
+    again, _ = pool.read(slot, 0, 4)  # the rerun
+    assert torch.equal(again, torch.ones(3, 2))
+    assert torch.equal(pool.read(slot, 0, 9)[0], torch.full((3, 2), 5.0))
+    with pytest.raises(AssertionError, match="holds position 9"):
+        pool.read(slot, 0, 7)
