@@ -121,3 +121,9 @@ class Proposer:
 
     def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
         return None
+
+    def device_rounds(self, target, num_drafts: int, eager: bool = False):
+        """A lanes.device_rounds.DeviceRounds drafting with this proposer on the target's
+        runner, where it can draft on the device alone; None (the default): rounds stay
+        host-managed."""
+        return None

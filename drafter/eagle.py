@@ -353,6 +353,82 @@ class EagleDrafter(Proposer):
                 break
         return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 
+    # ---- drafted rounds on the device (lanes/device_rounds.py) -------------------------------
+
+    def device_rounds(self, target, num_drafts: int, eager: bool = False):
+        """Drafted greedy rounds kept on the device for this head and the target's runner, or
+        None where they cannot run: Triton ops on both, one process; CUDA graphs on both (or,
+        with `eager`, the same ops run eagerly: the CPU tests)."""
+        from lanes.device_rounds import DeviceRounds, Side
+
+        if num_drafts < 1 or target.comm is not None:
+            return None
+        if self.ops.name != "triton" or target.decoder.ops.name != "triton":
+            return None
+        graphed = target.graphs is not None and self.runner.graphs is not None
+        if not graphed and not eager:
+            return None
+        bs = self.config.block_size
+
+        def side(runner) -> Side:
+            positions = runner.num_blocks * bs
+            cap = min(runner.decoder.cfg.max_position_embeddings, positions)
+            return Side(runner.decoder, runner.kv, positions, cap)
+
+        dtype = self._zero.dtype
+
+        def reduce(features: torch.Tensor) -> torch.Tensor:
+            if self.reduce is None:
+                return features.to(dtype)
+            return self.ops.linear(features.to(dtype), self.reduce)
+
+        pool = target.graphs.pool if graphed else None
+        return DeviceRounds(
+            side(target), side(self.runner), self, num_drafts, self._greedy, reduce, pool
+        )
+
+    def device_seed(self, lane: Lane, max_rows: int):
+        """Where the lane's device rounds can start (lanes.device_rounds.Seed): the rows the
+        head has the target's features for but has not computed, 1 .. max_rows of them; None
+        where that is not the lane's state."""
+        from lanes.device_rounds import Seed
+
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is None or shadow.features is None:
+            return None
+        start, n = shadow.num_computed, shadow.num_known - shadow.num_computed
+        if not 1 <= n <= max_rows or len(shadow.features) < n:
+            return None
+        return Seed(start, lane.token_ids(start + 1, start + 1 + n), shadow.features[:n])
+
+    def device_table(self, lane: Lane, end: int) -> BlockTable | None:
+        """The head's blocks of the lane, holding rows < end; None (nothing taken) where its
+        pool cannot."""
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is None:
+            return None
+        need = shadow.block_table.blocks_needed(end)
+        if need > self.cache.num_available:
+            return None
+        if need:
+            shadow.block_table.append(self.cache.allocate(need))
+        return shadow.block_table
+
+    def device_settle(self, lane: Lane, computed: int) -> None:
+        """A device round read back: the head's rows < computed are settled; its pending
+        features are on the device until `device_resume`."""
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is not None:
+            shadow.num_computed = computed
+            shadow.features = None
+            self._publish(shadow)
+
+    def device_resume(self, lane: Lane, features: torch.Tensor) -> None:
+        """The device rounds ended: the head's pending features (rows from num_computed)."""
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is not None:
+            shadow.features = features
+
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         return greedy_rows(self._full_logits(logits), use_triton=True)[0]
 

@@ -40,6 +40,10 @@ class HybridProposer(Proposer):
                 found[i] = d
         return found
 
+    def device_rounds(self, target, num_drafts: int, eager: bool = False):
+        """Rounds on the device draft with the head alone (prompt lookup needs the host)."""
+        return self.head.device_rounds(target, num_drafts, eager)
+
     def accepted(self, lane: Lane) -> None:
         self.head.accepted(lane)
 

@@ -42,7 +42,7 @@ from lanes.rounds import Step
 MAX_CHAIN_SAMPLES = 16
 
 
-class _LaneSlots:
+class LaneSlots:
     """kv_slots of one lane bucket, shared by every chain of that bucket: an entry is a pure
     function of the block at its position, so what one chain wrote stays right for the next."""
 
@@ -62,9 +62,18 @@ class _LaneSlots:
         base = i * self.max_ctx
         return list(range(base + valid, base + end)), table.slots(valid, end)
 
+    def padding(self, i: int, n: int, scratch: int) -> tuple[list[int], list[int]]:
+        """Lane row i as a padding lane's, positions [0, n) in the scratch slot: the entries to
+        set (none if it already is one)."""
+        if self.rows[i] is None:
+            return [], []
+        self.rows[i] = None
+        base = i * self.max_ctx
+        return list(range(base, base + n)), [scratch] * n
+
 
 class _Chain:
-    def __init__(self, lanes: int, tokens: int, num_steps: int, slots: _LaneSlots, fuse) -> None:
+    def __init__(self, lanes: int, tokens: int, num_steps: int, slots: LaneSlots, fuse) -> None:
         device = slots.kv_slots.device
         n = lanes * tokens
         self.lanes, self.tokens, self.num_steps, self.slots = lanes, tokens, num_steps, slots
@@ -127,7 +136,7 @@ class ChainGraphs:
         self.graphs = graphs
         self.sample = sample
         self.chains: dict[tuple[int, int, int], _Chain] = {}
-        self.lane_slots: dict[int, _LaneSlots] = {}
+        self.lane_slots: dict[int, LaneSlots] = {}
         self.num_replays = 0
 
     def supports(self, steps: Sequence[Step], counts: Sequence[int]) -> bool:
@@ -185,7 +194,7 @@ class ChainGraphs:
         g = self.graphs
         slots = self.lane_slots.get(lanes)
         if slots is None:
-            slots = self.lane_slots[lanes] = _LaneSlots(lanes, g.max_ctx, g.scratch_slot, g.device)
+            slots = self.lane_slots[lanes] = LaneSlots(lanes, g.max_ctx, g.scratch_slot, g.device)
         chain = _Chain(lanes, tokens, num_steps, slots, g.fuse)
         # until the first refill: padding lanes (positions 0..T-1, K/V to the scratch slot)
         chain.first[1] = torch.arange(tokens, device=g.device).repeat(lanes)

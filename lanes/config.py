@@ -369,6 +369,9 @@ class EngineConfig:
     # launch a greedy decode round on the previous round's device tokens before reading them
     # back (lanes/inflight.py); None: on CUDA only (on the CPU nothing runs asynchronously)
     overlap: bool | None = None
+    # drafted greedy rounds of an EAGLE-style head kept on the device, one graph per round
+    # (lanes/device_rounds.py); None: where CUDA graphs run both; True: also eagerly (tests)
+    device_rounds: bool | None = None
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)

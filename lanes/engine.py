@@ -146,6 +146,13 @@ class Engine:
         self._last_round_end = clock()
         self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
         self._num_decoding = 0  # decode lanes of the round being planned
+        # drafted greedy rounds on the device (lanes/device_rounds.py), where the drafter can
+        self.device_rounds = None
+        if proposer is not None and cfg.device_rounds is not False and comm is None:
+            self.device_rounds = proposer.device_rounds(
+                runner, cfg.num_draft_tokens, eager=bool(cfg.device_rounds)
+            )
+        self._device_kept: dict[int, int] = {}  # lane row -> drafts its last read round kept
 
     @property
     def context_len(self) -> int:
@@ -244,6 +251,8 @@ class Engine:
         takes them, and falls back to a planned round whenever that cannot be done."""
         if self._inflight is not None:
             return self._step_on_top()
+        if self.device_rounds is not None and self.device_rounds.lanes:
+            return self._step_device_rounds()
         host_start = self.clock()
         ended = self._apply_cancellations()
         ended += self._admit()
@@ -252,6 +261,12 @@ class Engine:
         if not plan.steps:
             return ended
         host_seconds = self.clock() - host_start
+        if self._device_rounds_fit(plan):
+            dr = self.device_rounds
+            if dr.start([s.lane for s in plan.decode]):
+                if dr.launch():
+                    return ended + self._device_round(launched=True, start=self.clock())
+                dr.stop({})  # the head's pool is full: this round stays host-managed
         defer = self._overlap and not plan.prefill
         drafter_before = self.metrics.drafter_seconds
         start = self.clock()
@@ -410,6 +425,128 @@ class Engine:
                 ended.append(done)
         self.on_progress()
         return ended
+
+    # ---- drafted rounds on the device (lanes/device_rounds.py) -------------------------------
+
+    def _device_lane(self, lane: Lane) -> bool:
+        """A lane the device rounds can carry now: drafting, greedy on the device, and far
+        enough from its end that the next two rounds stay within it."""
+        dr = self.device_rounds
+        return (
+            not lane.is_finished
+            and lane.state is LaneState.DECODE
+            and self._drafting(lane)
+            and samples_on_device(lane.params)
+            and dr.reach(lane) <= min(self._max_len(lane), dr.target.max_ctx, dr.head.max_ctx)
+        )
+
+    def _reserve_reach(self, lanes: Sequence[Lane]) -> bool:
+        """Target blocks for every position the next round may write; False (nothing taken)
+        where the pool has too few."""
+        dr = self.device_rounds
+        need = [lane.block_table.blocks_needed(dr.reach(lane)) for lane in lanes]
+        if sum(need) > self.cache.num_available:
+            return False
+        for lane, n in zip(lanes, need, strict=True):
+            if n:
+                lane.block_table.append(self.cache.allocate(n))
+        return True
+
+    def _device_rounds_fit(self, plan: LaneRound) -> bool:
+        """A planned round the device rounds can take over: decode steps of every running lane,
+        nothing waiting or filling, each lane a device lane, and blocks for their reach."""
+        if self.device_rounds is None or plan.prefill or not plan.decode or self.waiting:
+            return False
+        lanes = [s.lane for s in plan.decode]
+        return (
+            len(lanes) == len(self.running)
+            and all(self._device_lane(lane) for lane in lanes)
+            and self._reserve_reach(lanes)
+        )
+
+    def _step_device_rounds(self) -> list[Completion]:
+        """Launch the next device round when every lane can go on (same lanes, nothing new
+        waiting), then take the oldest in flight; else take them all and end the rounds."""
+        dr = self.device_rounds
+        go_on = (
+            not self.waiting
+            and len(self.running) == len(dr.lanes)
+            and all(self._device_lane(lane) for lane in dr.lanes)
+            and self._reserve_reach(dr.lanes)
+        )
+        return self._device_round(go_on and dr.launch(), start=self._last_round_end)
+
+    def _device_round(self, launched: bool, start: float) -> list[Completion]:
+        """Take what the launch leaves to take, and end the rounds when none was launched."""
+        dr = self.device_rounds
+        ended = []
+        # with overlap one round stays in flight while the host takes the one before it
+        while len(dr.pending) > (1 if launched and self._overlap else 0):
+            ended += self._take_device_round()
+        if not launched:
+            ended += self._stop_device_rounds()
+        ended += self._apply_cancellations()
+        seconds = self.clock() - start
+        self._last_round_end = self.clock()
+        if launched:
+            tokens = len(dr.lanes) * (dr.k + 1)
+            self.share.record(0, tokens, seconds)
+            self.metrics.add(
+                RoundRecord(
+                    prefill_tokens=0,
+                    decode_tokens=tokens,
+                    num_forwards=1,
+                    seconds=seconds,
+                    host_seconds=0.0,
+                    prefill_share=0.0,
+                    overlapped=self._overlap,
+                )
+            )
+        return ended
+
+    def _take_device_round(self) -> list[Completion]:
+        """Mirror the oldest device round into its lanes (skipping lanes that ended since)."""
+        dr = self.device_rounds
+        results = dr.take()
+        now = self.clock()
+        ended = []
+        for i, (lane, r) in enumerate(zip(dr.lanes, results, strict=True)):
+            if lane.is_finished:
+                continue
+            self._device_kept[i] = r.accepted
+            try:
+                if r.verify_start != lane.num_known - 1:
+                    raise RuntimeError(
+                        f"device round verified from position {r.verify_start}; the lane's "
+                        f"newest token is at {lane.num_known - 1}"
+                    )
+                lane.num_sampling_steps += 1
+                record_verify(lane, dr.k, r.accepted)
+                dr.drafter.device_settle(lane, r.verify_start)
+                for token, logprob in r.emitted:
+                    self._append(lane, token, logprob, None, now)
+                    if lane.finish_reason is not None:
+                        break
+                lane.num_computed = lane.num_known - 1
+            except Exception as e:
+                ended.append(self._fail(lane, e))
+                continue
+            if lane.finish_reason is not None:
+                ended.append(self._end(lane, LaneState.DONE))
+        self.on_progress()
+        return ended
+
+    def _stop_device_rounds(self) -> list[Completion]:
+        """End the device rounds (none in flight): live lanes' heads take their pending
+        features back, and blocks past their known tokens return to the pool."""
+        dr = self.device_rounds
+        live = {i: lane for i, lane in enumerate(dr.lanes) if not lane.is_finished}
+        dr.stop({i: self._device_kept[i] for i in live if i in self._device_kept})
+        self._device_kept.clear()
+        for lane in live.values():
+            self.cache.release(lane.block_table.truncate(lane.num_known))
+            self.proposer.accepted(lane)
+        return []
 
     # ---- error boundaries -----------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lanes.cache.block_table import BlockTable
-from lanes.chain_graphs import _Chain, _LaneSlots
+from lanes.chain_graphs import LaneSlots, _Chain
 from lanes.graphs import _Graph
 from lanes.rounds import Step
 
@@ -38,7 +38,7 @@ def test_chain_layout_steps_lanes_and_padding():
     samples (forwards 1, 2 at positions 6, 7), one catches up 1..2 and wants 1 (its later
     forwards repeat position 2 and write to the scratch slot), and two padding lanes; kv_slots
     entries are set once and only where they are not already right."""
-    slots = _LaneSlots(lanes=4, max_ctx=8, scratch=99, device="cpu")
+    slots = LaneSlots(lanes=4, max_ctx=8, scratch=99, device="cpu")
     chain = _Chain(lanes=4, tokens=2, num_steps=3, slots=slots, fuse=None)
     a, b = _Lane(list(range(10, 16)), [7, 2]), _Lane([20, 21, 22], [5])
     steps = [Step(a, 4, 6), Step(b, 1, 3)]

@@ -1,0 +1,373 @@
+"""Drafted greedy rounds that stay on the device: an EAGLE-style head's k drafts, the target's
+verify forward and the acceptance, as one CUDA graph per round, each round launched on the one
+before's results while the host is still reading those.
+
+A synchronous drafted round makes the GPU wait for the host twice: the host reads the verify's
+tokens back, appends them, and only then lays out the head's next catch-up (its length is the
+accepted count). Here the accepted count never leaves the device on the critical path: every
+position of round R + 1 is round R's verify position plus its accepted count plus a constant,
+computed inside the graph, and the head's catch-up always has k + 1 rows (the verify's rows),
+of which the first a + 1 are real. The host reads each round's tokens one round late and
+mirrors them into its lanes (engine._step_device_round).
+
+Round of lane i, from the state the previous round left: v (its verify's first position), a
+(drafts it kept), g [k + 1] (its greedy tokens: g[j] is the token after position v + j) and f
+[k + 1, hidden] (the head-width features of its rows):
+
+    head catch-up   rows v .. v + k reading (g[j], f[j]); row a's sample is draft 1
+    head drafts     forward m = 1 .. k - 1 at position v + a + m, reading draft m and the row
+                    the forward before it sampled from
+    verify          positions v' = v + a + 1 .. v' + k, tokens [g[a], d1 .. dk]
+    acceptance      a' = the leading drafts equal to the verify's greedy tokens; the round
+                    emits g'[0 .. a'], and leaves (v', a', g', f') for the next
+
+Rows past a are not real (their drafts were rejected); they write K/V at positions every later
+forward rewrites before it reads them (a forward writes a position's K/V before attending to
+it), and their samples are never read. Batch invariance makes a row's bits independent of how
+many rows ride with it, so the tokens are those of the synchronous path (tests/test_device_rounds).
+
+Slots: each lane row has the context slots of its target and head blocks (LaneSlots); the host
+reserves blocks two rounds ahead (a round moves at most k + 1 positions) and writes only the
+entries that changed. Padding lanes stay at position 0 with every K/V in the scratch slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lanes.chain_graphs import LaneSlots
+from lanes.device_sampling import greedy_rows
+from lanes.graphs import LANE_BUCKETS, capture, static_batch
+
+
+@dataclass(frozen=True)
+class Side:
+    """One model's part of a round: its decoder and KV pool, the slot padding lanes write to,
+    and the longest context a lane row holds."""
+
+    decoder: object
+    kv: object
+    scratch_slot: int
+    max_ctx: int
+
+    @property
+    def group(self) -> int:
+        cfg = self.decoder.cfg
+        return cfg.num_heads // cfg.num_kv_heads
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One lane's round, read back: the verify's greedy tokens and log-probabilities (k + 1 of
+    each), how many drafts it kept, and the position of its verify's first row."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    accepted: int
+    verify_start: int
+
+    @property
+    def emitted(self) -> list[tuple[int, float]]:
+        n = self.accepted + 1
+        return list(zip(self.tokens[:n], self.logprobs[:n], strict=True))
+
+
+@dataclass(frozen=True)
+class Seed:
+    """Where a lane's device rounds start: the head has computed rows < start and holds the
+    target's features of rows start .. start + len(tokens) - 1, whose tokens (each row's next
+    one) are `tokens`; the last of them is the token the next verify starts from."""
+
+    start: int
+    tokens: list[int]
+    features: torch.Tensor  # [len(tokens), hidden], head width
+
+
+class _Bucket:
+    """Static buffers and the graph of one lane count (padded to a LANE_BUCKETS size)."""
+
+    def __init__(
+        self, lanes: int, k: int, target: Side, head: Side, width: int, dtype, device
+    ) -> None:
+        self.lanes, self.k, self.t = lanes, k, k + 1
+        i64 = dict(dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        t = self.t
+        # the state one round leaves for the next (see the module docstring)
+        self.v = torch.zeros(lanes, **i64)
+        self.a = torch.zeros(lanes, **i64)
+        self.g = torch.zeros((lanes, t), **i64)
+        self.f = torch.zeros((lanes * t, width), dtype=dtype, device=device)
+        self.live = torch.zeros(lanes, dtype=torch.bool, device=device)
+        self.rows = torch.arange(lanes, **i64)
+        self.steps = torch.arange(t, **i64)
+        self.target_slots = LaneSlots(lanes, target.max_ctx, target.scratch_slot, device)
+        self.head_slots = LaneSlots(lanes, head.max_ctx, head.scratch_slot, device)
+        # inputs of each forward: ids, positions, KV slots; first positions and context lengths
+        self.catch_up = torch.zeros((3, lanes * t), **i64)
+        self.catch_up_meta = torch.ones((2, lanes), **i32)
+        self.catch_up_rows = torch.zeros(lanes, **i64)  # the logits row of each lane: row a
+        self.drafts = torch.zeros((2, max(1, k - 1), lanes), **i64)
+        self.drafts_meta = torch.ones((2, max(1, k - 1), lanes), **i32)
+        self.verify = torch.zeros((3, lanes * t), **i64)
+        self.verify_meta = torch.ones((2, lanes), **i32)
+        # read back per lane: tokens [t], logprobs [t], accepted, verify start
+        self.out = torch.zeros((lanes, 2 * t + 2), dtype=torch.float64, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+
+class DeviceRounds:
+    """Drafted greedy rounds on the device for up to 64 lanes (module docstring).
+
+    `head` is the EAGLE-style drafter: it lays out and settles its lanes (`device_seed`,
+    `device_table`, `device_settle`, `device_resume`); `sample(logits)` is its greedy token of
+    each row over the target's vocabulary and `reduce(features)` maps the target's features to
+    its width. With `graphs` (CUDA), a round is one graph replay; without, the same ops run
+    eagerly (the CPU tests)."""
+
+    def __init__(
+        self,
+        target: Side,
+        head: Side,
+        drafter,
+        num_drafts: int,
+        sample: Callable[[torch.Tensor], torch.Tensor],
+        reduce: Callable[[torch.Tensor], torch.Tensor],
+        graph_pool=None,
+    ) -> None:
+        if num_drafts < 1:
+            raise ValueError("device rounds need at least one draft")
+        self.target, self.head, self.drafter = target, head, drafter
+        self.k = num_drafts
+        self.sample, self.reduce = sample, reduce
+        self.pool = graph_pool
+        weights = head.decoder.weights
+        self.width, self.dtype = weights.embed.shape[1], weights.embed.dtype
+        self.device = weights.embed.device
+        self.buckets: dict[int, _Bucket] = {}
+        self.bucket: _Bucket | None = None  # the running lanes' bucket
+        self.lanes: list = []  # the lanes of the running rounds, by row
+        self.pending: list[tuple[torch.Tensor, object]] = []  # (read-back buffer, event)
+        self.num_rounds = 0
+
+    # ---- what the engine calls --------------------------------------------------------------
+
+    def reach(self, lane) -> int:
+        """Positions < reach(lane) may be written by the next round launched while one is in
+        flight: the host knows the lane as of two rounds back, and a round moves at most k + 1
+        positions. The engine reserves target blocks up to here."""
+        return lane.num_known + 2 * self.k + 1
+
+    def start(self, lanes: Sequence) -> bool:
+        """Seed the rounds from the lanes' host state (after a synchronous round); False, with
+        nothing changed, where a lane's head state cannot seed them."""
+        if not 0 < len(lanes) <= LANE_BUCKETS[-1] or self.pending:
+            return False
+        seeds = [self.drafter.device_seed(lane, self.k + 1) for lane in lanes]
+        if any(s is None for s in seeds):
+            return False
+        size = next(b for b in LANE_BUCKETS if b >= len(lanes))
+        b = self.buckets.get(size)
+        if b is None:
+            b = self.buckets[size] = self._bucket(size)
+        t = b.t
+        v, a, g, live = [], [], [], []
+        feats = []
+        for i in range(size):
+            if i < len(seeds):
+                s = seeds[i]
+                n = len(s.tokens)
+                v.append(s.start)
+                a.append(n - 1)
+                g += s.tokens + [0] * (t - n)
+                live.append(1)
+                feats.append(s.features[:n].to(self.dtype))
+                if n < t:
+                    feats.append(
+                        torch.zeros((t - n, self.width), dtype=self.dtype, device=self.device)
+                    )
+            else:
+                v.append(0)
+                a.append(0)
+                g += [0] * t
+                live.append(0)
+                feats.append(torch.zeros((t, self.width), dtype=self.dtype, device=self.device))
+        staged = torch.tensor(v + a + g + live, dtype=torch.int64).to(
+            self.device, non_blocking=True
+        )
+        b.v.copy_(staged[:size])
+        b.a.copy_(staged[size : 2 * size])
+        b.g.view(-1).copy_(staged[2 * size : 2 * size + size * t])
+        b.live.copy_(staged[2 * size + size * t :].bool())
+        b.f.copy_(torch.cat(feats))
+        self.bucket, self.lanes = b, list(lanes)
+        return True
+
+    def launch(self) -> bool:
+        """Launch the next round of the running lanes on the device state the last one left.
+        False, with nothing launched, where the head cannot hold the reach in its pool."""
+        b = self.bucket
+        tables = []
+        for lane in self.lanes:
+            head_table = self.drafter.device_table(lane, self.reach(lane))
+            if head_table is None:
+                return False
+            tables.append((lane.block_table, head_table))
+        where_t, what_t, where_h, what_h = [], [], [], []
+        for i in range(b.lanes):
+            if i < len(tables):
+                end = self.reach(self.lanes[i])
+                w, x = b.target_slots.refill(i, tables[i][0], end)
+                y, z = b.head_slots.refill(i, tables[i][1], end)
+            else:  # a padding lane reaches position 2k + 1 at most
+                w, x = b.target_slots.padding(i, 2 * b.t, self.target.scratch_slot)
+                y, z = b.head_slots.padding(i, 2 * b.t, self.head.scratch_slot)
+            where_t += w
+            what_t += x
+            where_h += y
+            what_h += z
+        if where_t or where_h:
+            staged = torch.tensor(where_t + what_t + where_h + what_h, dtype=torch.int64)
+            staged = staged.to(self.device, non_blocking=True)
+            n, m = len(where_t), len(where_h)
+            if n:
+                b.target_slots.kv_slots.index_copy_(0, staged[:n], staged[n : 2 * n])
+            if m:
+                tail = staged[2 * n :]
+                b.head_slots.kv_slots.index_copy_(0, tail[:m], tail[m:])
+        if b.graph is None:
+            self._round(b)
+        else:
+            b.graph.replay()
+        self.num_rounds += 1
+        if b.out.is_cuda:
+            host = torch.empty(b.out.shape, dtype=b.out.dtype, pin_memory=True)
+            host.copy_(b.out, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host, ready = b.out.clone(), None
+        self.pending.append((host, ready))
+        return True
+
+    def take(self) -> list[RoundResult]:
+        """The oldest launched round's results, by lane row (waits for that round alone)."""
+        host, ready = self.pending.pop(0)
+        if ready is not None:
+            ready.synchronize()
+        t = self.bucket.t
+        rows = host.tolist()
+        return [
+            RoundResult(
+                tokens=[int(x) for x in row[:t]],
+                logprobs=row[t : 2 * t],
+                accepted=int(row[2 * t]),
+                verify_start=int(row[2 * t + 1]),
+            )
+            for row in rows[: len(self.lanes)]
+        ]
+
+    def stop(self, accepted: dict[int, int]) -> None:
+        """End the rounds (nothing may be in flight): each live lane's head takes back the
+        features of its last verify's kept rows (accepted: lane row -> drafts kept)."""
+        if self.pending:
+            raise RuntimeError("stop() with a round in flight")
+        b = self.bucket
+        for i, lane in enumerate(self.lanes):
+            if i in accepted:
+                n = accepted[i] + 1
+                self.drafter.device_resume(lane, b.f[i * b.t : i * b.t + n].clone())
+        self.bucket, self.lanes = None, []
+
+    def _bucket(self, size: int) -> _Bucket:
+        """A new bucket, captured (on CUDA) before any lane is in it: the capture's warm-up run
+        then writes only scratch slots and leaves the state at padding lanes' zeros."""
+        b = _Bucket(size, self.k, self.target, self.head, self.width, self.dtype, self.device)
+        if self.pool is not None:
+            b.graph, _ = capture(self.pool, lambda: self._round(b))
+        return b
+
+    # ---- the round (captured) ---------------------------------------------------------------
+
+    def _round(self, b: _Bucket) -> None:
+        t, h = self.target, self.head
+        k, T = b.k, b.t
+        v, a = b.v, b.a
+        head_off = b.rows * self.head.max_ctx
+        target_off = b.rows * self.target.max_ctx
+        # the head catches up on the last verify's rows; row a's sample is draft 1
+        pos = v[:, None] + b.steps
+        b.catch_up[0].copy_(b.g.view(-1))
+        b.catch_up[1].copy_(pos.view(-1))
+        b.catch_up[2].copy_(b.head_slots.kv_slots[(head_off[:, None] + pos).view(-1)])
+        b.catch_up_meta[0].copy_(v)
+        b.catch_up_meta[1].copy_(v + T)
+        b.catch_up_rows.copy_(b.rows * T + a)
+        batch = static_batch(
+            h.group,
+            b.catch_up[0],
+            b.catch_up[1],
+            b.catch_up[2],
+            b.catch_up_meta[0],
+            b.catch_up_meta[1],
+            b.head_slots.kv_slots,
+            b.f,
+        )
+        batch = dataclasses.replace(batch, logits_indices=b.catch_up_rows)
+        drafts = [self.sample(h.decoder.forward(batch, h.kv))]
+        hidden = h.decoder.last_hidden[b.catch_up_rows]
+        for m in range(1, k):
+            p = v + a + m
+            ids_pos, meta = b.drafts[:, m - 1], b.drafts_meta[:, m - 1]
+            ids_pos[0].copy_(p)
+            ids_pos[1].copy_(b.head_slots.kv_slots[head_off + p])
+            meta[0].copy_(p)
+            meta[1].copy_(p + 1)
+            batch = static_batch(
+                h.group, drafts[-1], ids_pos[0], ids_pos[1], meta[0], meta[1],
+                b.head_slots.kv_slots, hidden,
+            )  # fmt: skip
+            drafts.append(self.sample(h.decoder.forward(batch, h.kv)))
+            hidden = h.decoder.last_hidden
+        d = torch.stack(drafts, 1)  # [lanes, k]
+        # the target verifies [g[a], d1 .. dk] at v' = v + a + 1
+        start = v + a + 1
+        vpos = start[:, None] + b.steps
+        b.verify[0].copy_(torch.cat([b.g.gather(1, a[:, None]), d], 1).view(-1))
+        b.verify[1].copy_(vpos.view(-1))
+        b.verify[2].copy_(b.target_slots.kv_slots[(target_off[:, None] + vpos).view(-1)])
+        b.verify_meta[0].copy_(start)
+        b.verify_meta[1].copy_(start + T)
+        batch = static_batch(
+            t.group,
+            b.verify[0],
+            b.verify[1],
+            b.verify[2],
+            b.verify_meta[0],
+            b.verify_meta[1],
+            b.target_slots.kv_slots,
+        )
+        tokens, logprobs = greedy_rows(t.decoder.forward(batch, t.kv), use_triton=True)
+        tokens, logprobs = tokens.view(b.lanes, T), logprobs.view(b.lanes, T)
+        accepted = (tokens[:, :k] == d).long().cumprod(1).sum(1)
+        features = self.reduce(t.decoder.last_hidden)
+        b.out.copy_(
+            torch.cat(
+                [
+                    tokens.double(),
+                    logprobs.double(),
+                    accepted[:, None].double(),
+                    start[:, None].double(),
+                ],
+                1,
+            )
+        )
+        # the state of the next round; padding lanes stay at position 0
+        b.v.copy_(torch.where(b.live, start, 0))
+        b.a.copy_(torch.where(b.live, accepted, 0))
+        b.g.copy_(tokens)
+        b.f.copy_(features.to(b.f.dtype))

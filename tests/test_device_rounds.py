@@ -1,0 +1,132 @@
+"""Drafted greedy rounds kept on the device (lanes/device_rounds.py) emit exactly the undrafted
+tokens and logprobs, alone and batched, overlapped or not; on the CPU the same ops run eagerly
+on Triton's interpreter, on the GPU as one CUDA graph per round."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.device_rounds import DeviceRounds
+from tests.test_distill import _random_head
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FIXED_K = dict(num_draft_tokens=3, adaptive_drafts=False, cost_aware_drafts=False)
+PROMPTS = ["one two three four five", "a b c d e f g h i j k l m n o p", "the the the the"]
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_models, tmp_path_factory):
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path_factory.mktemp("head") / "eagle"
+    _random_head(target_dir, out, 256)
+    return target_dir, out
+
+
+class Oracle:
+    """The head's sampler replaced by one that knows the undrafted output: each draft is right
+    except at some positions (pos * 5 % 11 < 3), so rounds keep every count of drafts from 0 to k and the
+    positions of the next round move by each of them. It reads the round's device state (the
+    eager CPU path), `b.v + b.a` being the head row whose sample is draft 1."""
+
+    def __init__(self, rounds: DeviceRounds, plain: dict[tuple, list[int]]) -> None:
+        self.rounds, self.plain, self.calls = rounds, plain, 0
+        self.kept: set[int] = set()
+        take = rounds.take
+
+        def recording():
+            results = take()
+            self.kept.update(r.accepted for r in results)
+            return results
+
+        rounds.take = recording
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        dr, b = self.rounds, self.rounds.bucket
+        j, self.calls = self.calls % dr.k, self.calls + 1
+        out = [0] * b.lanes
+        for i, lane in enumerate(dr.lanes):
+            pos = int(b.v[i] + b.a[i]) + j + 2  # the position this draft stands at
+            tokens = self.plain[tuple(lane.prompt_ids)]
+            at = pos - len(lane.prompt_ids)
+            right = tokens[at] if 0 <= at < len(tokens) else 0
+            out[i] = right if pos * 5 % 11 >= 3 else (right + 1) % 256
+        return torch.tensor(out, dtype=torch.int64, device=logits.device)
+
+
+def _engine(head_dir, **kw):
+    target_dir, out = head_dir
+    cfg = dict(device=DEVICE, kernels="triton", drafter=str(out), **FIXED_K) | kw
+    return build_engine(str(target_dir), EngineConfig(**cfg))
+
+
+PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain(head_dir):
+    engine = _engine(head_dir, device_rounds=False)
+    done = engine.generate(PROMPTS, dataclasses.replace(PARAMS, draft=False))
+    return {tuple(c.prompt_ids): c for c in done}
+
+
+def _with_oracle(engine, plain) -> Oracle:
+    oracle = Oracle(engine.device_rounds, {k: c.token_ids for k, c in plain.items()})
+    engine.device_rounds.sample = oracle
+    return oracle
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_device_rounds_emit_the_undrafted_tokens(head_dir, plain, overlap):
+    """Tokens and logprobs equal draft: false's, over rounds that kept 0 .. k drafts; with
+    overlap, a lane whose stop token is read one round late ends at it while the others go
+    on (its extra round is dropped)."""
+    engine = _engine(head_dir, device_rounds=True, overlap=overlap)
+    assert isinstance(engine.device_rounds, DeviceRounds)
+    oracle = _with_oracle(engine, plain)
+    want = [plain[tuple(engine.encode(p))] for p in PROMPTS]
+    params = [PARAMS] * len(PROMPTS)
+    if overlap:
+        stop = want[0].token_ids[8]
+        params[0] = dataclasses.replace(PARAMS, stop_token_ids=[stop])
+    got = engine.generate(PROMPTS, params)
+    assert engine.device_rounds.num_rounds > 0
+    assert oracle.kept == set(range(engine.device_rounds.k + 1))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        n = w.token_ids.index(stop) + 1 if overlap and i == 0 else len(w.token_ids)
+        assert g.token_ids == w.token_ids[:n]
+        assert g.logprobs == w.logprobs[:n]
+    if overlap:
+        assert got[0].finish_reason == "stop"
+    engine.check_integrity()
+    engine.proposer.check_integrity()
+
+
+def test_the_head_itself_in_device_rounds(head_dir, plain):
+    """The head's own drafts (catch-up on the verify's features, drafts chained on its rows),
+    batched with padding lanes: the undrafted tokens."""
+    engine = _engine(head_dir, device_rounds=True)
+    got = engine.generate(PROMPTS[:3], dataclasses.replace(PARAMS, max_tokens=12))
+    assert engine.device_rounds.num_rounds > 0
+    for g in got:
+        assert g.token_ids == plain[tuple(g.prompt_ids)].token_ids[:12]
+    engine.proposer.check_integrity()
+
+
+def test_negative_control_rounds_that_forget_the_accepted_count_fail(head_dir, plain, monkeypatch):
+    """Without the accepted count carried on the device (each round assumes no draft was kept),
+    the output is no longer the undrafted one."""
+    real = DeviceRounds._round
+
+    def forgetful(self, b):
+        real(self, b)
+        b.a.zero_()
+
+    monkeypatch.setattr(DeviceRounds, "_round", forgetful)
+    engine = _engine(head_dir, device_rounds=True)
+    _with_oracle(engine, plain)
+    got = engine.generate(PROMPTS, PARAMS)
+    assert [g.token_ids for g in got] != [plain[tuple(g.prompt_ids)].token_ids for g in got]
