@@ -70,6 +70,13 @@ def main() -> None:
         help="drafts chosen from measured costs (EngineConfig.cost_aware_drafts); both: each "
         "drafter twice",
     )
+    ap.add_argument(
+        "--device-rounds",
+        choices=["auto", "off", "both"],
+        default="auto",
+        help="drafted rounds kept on the device where the drafter can (EngineConfig."
+        "device_rounds, lanes/device_rounds.py); both: each drafter with and without",
+    )
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
@@ -109,14 +116,23 @@ def main() -> None:
     if args.only:
         drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
     policies = {"on": [True], "off": [False], "both": [False, True]}[args.cost_aware]
+    on_device = {"auto": [None], "off": [False], "both": [False, None]}[args.device_rounds]
     runs = [
-        (name if len(policies) == 1 else f"{name} cost-aware={'on' if aware else 'off'}", p, aware)
+        (
+            name
+            + ("" if len(policies) == 1 else f" cost-aware={'on' if aware else 'off'}")
+            + ("" if len(on_device) == 1 else f" device-rounds={'off' if dr is False else 'on'}"),
+            p,
+            aware,
+            dr,
+        )
         for name, p in drafters.items()
         for aware in policies
+        for dr in on_device
     ]
     results = {}
-    for name, proposer, aware in runs:
-        config = cfg.replace(cost_aware_drafts=aware)
+    for name, proposer, aware, dr in runs:
+        config = cfg.replace(cost_aware_drafts=aware, device_rounds=dr)
         engine = build_engine(checkpoint=ckpt, config=config, proposer=proposer)
         plain_s, drafted_s = [], []
         for i in range(args.repeats + 1):  # the first pair is a warm-up
@@ -131,6 +147,7 @@ def main() -> None:
         tokens = sum(len(o.token_ids) for o in outs)
         steps = sum(o.num_target_steps for o in outs)
         results[name] = {
+            "device_rounds": engine.device_rounds is not None,
             "acceptance": accepted / drafted if drafted else None,
             "tokens_per_target_forward": tokens / steps,
             "median_s_undrafted": statistics.median(plain_s),
@@ -167,6 +184,7 @@ def main() -> None:
     tag = "" if not args.only else "-" + args.only.replace(",", "-")
     tag += "-everyday" if args.everyday else ""
     tag += "-cost-aware-both" if args.cost_aware == "both" else ""
+    tag += "-device-rounds-both" if args.device_rounds == "both" else ""
     out = Path(__file__).parent / "results" / f"drafters{tag}-{args.device}.json"
     out.write_text(json.dumps({"meta": meta, "drafters": results}, indent=2) + "\n")
 

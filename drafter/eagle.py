@@ -382,10 +382,11 @@ class EagleDrafter(Proposer):
                 return features.to(dtype)
             return self.ops.linear(features.to(dtype), self.reduce)
 
+        def sample(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return self._greedy(logits)
+
         pool = target.graphs.pool if graphed else None
-        return DeviceRounds(
-            side(target), side(self.runner), self, num_drafts, self._greedy, reduce, pool
-        )
+        return DeviceRounds(side(target), side(self.runner), self, num_drafts, sample, reduce, pool)
 
     def device_seed(self, lane: Lane, max_rows: int):
         """Where the lane's device rounds can start (lanes.device_rounds.Seed): the rows the

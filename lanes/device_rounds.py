@@ -124,9 +124,10 @@ class DeviceRounds:
     """Drafted greedy rounds on the device for up to 64 lanes (module docstring).
 
     `head` is the EAGLE-style drafter: it lays out and settles its lanes (`device_seed`,
-    `device_table`, `device_settle`, `device_resume`); `sample(logits)` is its greedy token of
-    each row over the target's vocabulary and `reduce(features)` maps the target's features to
-    its width. With `graphs` (CUDA), a round is one graph replay; without, the same ops run
+    `device_table`, `device_settle`, `device_resume`); `sample(logits, positions)` is its token
+    for each lane's row over the target's vocabulary (positions [lanes]: where each draft will
+    stand; the head's greedy sampler ignores them) and `reduce(features)` maps the target's
+    features to its width. With `graphs` (CUDA), a round is one graph replay; without, the same ops run
     eagerly (the CPU tests)."""
 
     def __init__(
@@ -135,7 +136,7 @@ class DeviceRounds:
         head: Side,
         drafter,
         num_drafts: int,
-        sample: Callable[[torch.Tensor], torch.Tensor],
+        sample: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         reduce: Callable[[torch.Tensor], torch.Tensor],
         graph_pool=None,
     ) -> None:
@@ -318,7 +319,7 @@ class DeviceRounds:
             b.f,
         )
         batch = dataclasses.replace(batch, logits_indices=b.catch_up_rows)
-        drafts = [self.sample(h.decoder.forward(batch, h.kv))]
+        drafts = [self.sample(h.decoder.forward(batch, h.kv), v + a + 2)]
         hidden = h.decoder.last_hidden[b.catch_up_rows]
         for m in range(1, k):
             p = v + a + m
@@ -331,7 +332,7 @@ class DeviceRounds:
                 h.group, drafts[-1], ids_pos[0], ids_pos[1], meta[0], meta[1],
                 b.head_slots.kv_slots, hidden,
             )  # fmt: skip
-            drafts.append(self.sample(h.decoder.forward(batch, h.kv)))
+            drafts.append(self.sample(h.decoder.forward(batch, h.kv), p + 2))
             hidden = h.decoder.last_hidden
         d = torch.stack(drafts, 1)  # [lanes, k]
         # the target verifies [g[a], d1 .. dk] at v' = v + a + 1

@@ -28,12 +28,13 @@ def head_dir(tiny_models, tmp_path_factory):
 
 class Oracle:
     """The head's sampler replaced by one that knows the undrafted output: each draft is right
-    except at some positions (pos * 5 % 11 < 3), so rounds keep every count of drafts from 0 to k and the
-    positions of the next round move by each of them. It reads the round's device state (the
-    eager CPU path), `b.v + b.a` being the head row whose sample is draft 1."""
+    except at some positions (pos * 5 % 11 < 3), so rounds keep every count of drafts from 0 to
+    k and the positions of the next round move by each of them. Runs eagerly (it reads the
+    positions on the host)."""
 
     def __init__(self, rounds: DeviceRounds, plain: dict[tuple, list[int]]) -> None:
-        self.rounds, self.plain, self.calls = rounds, plain, 0
+        self.rounds, self.plain = rounds, plain
+        rounds.pool = None  # eager rounds, on the GPU too
         self.kept: set[int] = set()
         take = rounds.take
 
@@ -44,15 +45,15 @@ class Oracle:
 
         rounds.take = recording
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        dr, b = self.rounds, self.rounds.bucket
-        j, self.calls = self.calls % dr.k, self.calls + 1
-        out = [0] * b.lanes
-        for i, lane in enumerate(dr.lanes):
-            pos = int(b.v[i] + b.a[i]) + j + 2  # the position this draft stands at
-            tokens = self.plain[tuple(lane.prompt_ids)]
-            at = pos - len(lane.prompt_ids)
-            right = tokens[at] if 0 <= at < len(tokens) else 0
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = positions.tolist()
+        for i, pos in enumerate(out):
+            lane = self.rounds.lanes[i] if i < len(self.rounds.lanes) else None
+            right = 0
+            if lane is not None:
+                tokens = self.plain[tuple(lane.prompt_ids)]
+                at = pos - len(lane.prompt_ids)
+                right = tokens[at] if 0 <= at < len(tokens) else 0
             out[i] = right if pos * 5 % 11 >= 3 else (right + 1) % 256
         return torch.tensor(out, dtype=torch.int64, device=logits.device)
 
