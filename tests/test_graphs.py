@@ -77,7 +77,10 @@ def test_eagle_drafter_graphed_equals_eager(tiny_models, tmp_path, layers):
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     seen = {}
     for graphs in (False, True):
-        cfg = EngineConfig(device="cuda", drafter=str(out), cuda_graphs=graphs, **FIXED_K)
+        # host-managed rounds (the head's propose): device rounds are tests/test_device_rounds
+        cfg = EngineConfig(
+            device="cuda", drafter=str(out), cuda_graphs=graphs, device_rounds=False, **FIXED_K
+        )
         engine = build_engine(str(target_dir), cfg)
         seen[graphs] = drafted_equals_plain(engine, prompts, params)
         if graphs:  # each round's forwards chained in one replay (lanes.chain_graphs)
