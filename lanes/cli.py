@@ -101,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
         state_snapshot_bytes=args.state_snapshot_bytes,
         kv_cache_bytes=kv_bytes or 512 * 2**20,
         overlap=args.overlap,
+        device_rounds=args.device_rounds,
         max_model_len=args.max_model_len,
     )
     name = args.served_model_name or (model or "SmolLM2-135M-Instruct")
@@ -509,6 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="launch each greedy decode round before the last one's tokens are read back "
         "(default: on CUDA)",
+    )
+    serve.add_argument(
+        "--device-rounds",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep an EAGLE-style head's greedy drafted rounds on the device, one CUDA graph "
+        "per round (default: where CUDA graphs run)",
     )
     serve.set_defaults(run=_serve)
     return parser

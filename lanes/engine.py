@@ -153,6 +153,7 @@ class Engine:
                 runner, cfg.num_draft_tokens, eager=bool(cfg.device_rounds)
             )
         self._device_kept: dict[int, int] = {}  # lane row -> drafts its last read round kept
+        self._device_rounds_broken = False
 
     @property
     def context_len(self) -> int:
@@ -264,9 +265,9 @@ class Engine:
         if self._device_rounds_fit(plan):
             dr = self.device_rounds
             if dr.start([s.lane for s in plan.decode]):
-                if dr.launch():
+                if self._launch_device_round():
                     return ended + self._device_round(launched=True, start=self.clock())
-                dr.stop({})  # the head's pool is full: this round stays host-managed
+                self._stop_device_rounds()  # the head's pool is full: host-managed this round
         defer = self._overlap and not plan.prefill
         drafter_before = self.metrics.drafter_seconds
         start = self.clock()
@@ -474,7 +475,17 @@ class Engine:
             and all(self._device_lane(lane) for lane in dr.lanes)
             and self._reserve_reach(dr.lanes)
         )
-        return self._device_round(go_on and dr.launch(), start=self._last_round_end)
+        return self._device_round(go_on and self._launch_device_round(), self._last_round_end)
+
+    def _launch_device_round(self) -> bool:
+        """dr.launch(); a launch that raises turns device rounds off for this engine (logged):
+        the rounds in flight are still taken, and later rounds are host-managed."""
+        try:
+            return self.device_rounds.launch()
+        except Exception:
+            log.exception("launching a device round failed; drafted rounds are host-managed now")
+            self._device_rounds_broken = True
+            return False
 
     def _device_round(self, launched: bool, start: float) -> list[Completion]:
         """Take what the launch leaves to take, and end the rounds when none was launched."""
@@ -546,6 +557,8 @@ class Engine:
         for lane in live.values():
             self.cache.release(lane.block_table.truncate(lane.num_known))
             self.proposer.accepted(lane)
+        if self._device_rounds_broken:
+            self.device_rounds = None
         return []
 
     # ---- error boundaries -----------------------------------------------------------------

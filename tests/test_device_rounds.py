@@ -131,3 +131,42 @@ def test_negative_control_rounds_that_forget_the_accepted_count_fail(head_dir, p
     _with_oracle(engine, plain)
     got = engine.generate(PROMPTS, PARAMS)
     assert [g.token_ids for g in got] != [plain[tuple(g.prompt_ids)].token_ids for g in got]
+
+
+def test_lanes_come_and_go_mid_rounds(head_dir, plain):
+    """A cancel and a new request while rounds are in flight: the rounds end (the in-flight one
+    taken), the lanes go on host-managed and start device rounds again; every output is still
+    the undrafted one (the cancelled lane's, up to where it stopped)."""
+    engine = _engine(head_dir, device_rounds=True, overlap=True)
+    _with_oracle(engine, plain)
+    dr = engine.device_rounds
+    a, b = (engine.submit(p, PARAMS) for p in PROMPTS[:2])
+    done = {}
+    while dr.num_rounds < 2:
+        done |= {c.request_id: c for c in engine.step()}
+    engine.cancel(a.request_id)
+    c = engine.submit(PROMPTS[2], PARAMS)
+    while engine.has_work():
+        done |= {x.request_id: x for x in engine.step()}
+    assert done[a.request_id].finish_reason == "cancelled"
+    cut = done[a.request_id].token_ids
+    assert cut == plain[tuple(a.prompt_ids)].token_ids[: len(cut)]
+    for lane in (b, c):
+        assert done[lane.request_id].token_ids == plain[tuple(lane.prompt_ids)].token_ids
+    assert dr.num_rounds > 2  # rounds started again after the change
+    engine.check_integrity()
+    engine.proposer.check_integrity()
+
+
+def test_a_failing_launch_leaves_rounds_host_managed(head_dir, plain, monkeypatch):
+    """A device round that cannot be launched is logged, device rounds turn off, and the
+    request is served by host-managed rounds with the same output."""
+
+    def broken(self):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(DeviceRounds, "launch", broken)
+    engine = _engine(head_dir, device_rounds=True)
+    (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=10))
+    assert engine.device_rounds is None
+    assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:10]
