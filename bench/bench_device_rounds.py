@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from bench.bench_engine import CostedReplay
+from bench.profile_busy import kernel_spans
 from bench.shapes import SHAPES, random_checkpoint, synthetic_prompt
-from bench.trace_spec_round import SHIPPED, profiled
+from bench.trace_spec_round import SHIPPED
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter import make_proposer
 from lanes.drafter.replay import ReplayProposer
@@ -48,6 +49,23 @@ def kept_drafts(rounds, truth: torch.Tensor, p: float, vocab: int) -> None:
     rounds.sample = sample
 
 
+def gaps(spans) -> tuple[float, float, float]:
+    """(ms of kernels: the union of their intervals, ms idle in gaps < 20 µs (between a
+    graph's kernels), ms idle in longer gaps (waiting for the host))."""
+    covered = small = large = 0.0
+    end = None
+    for a, b in spans:
+        if end is not None and a > end:
+            if a - end < 20.0:
+                small += a - end
+            else:
+                large += a - end
+        if end is None or b > end:
+            covered += b - (a if end is None else max(a, end))
+            end = b
+    return covered / 1e3, small / 1e3, large / 1e3
+
+
 def decode_tok_s(done) -> float:
     rates = []
     for c in done:
@@ -66,6 +84,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--cprofile", type=int, default=0, help="then N device rounds under cProfile")
     ap.add_argument("--out", default="bench/results/device-rounds-h200.json")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
@@ -135,13 +154,17 @@ def main() -> None:
             while min(len(x.output_ids) for x in lanes_) < 16:
                 engine.step()
             before = [len(x.output_ids) for x in lanes_]
-            wall, kernels = profiled(engine, args.profile_steps)
+            wall, spans = kernel_spans(engine, args.profile_steps)
+            kernels, small, large = gaps(spans)
             made = sum(len(x.output_ids) - b for x, b in zip(lanes_, before, strict=True))
             while engine.has_work():
                 engine.step()
             row[name]["profile"] = {
                 "wall_ms_per_step": wall / args.profile_steps * 1e3,
                 "kernel_ms_per_step": kernels / args.profile_steps,
+                "gaps_under_20us_ms_per_step": small / args.profile_steps,
+                "gaps_over_20us_ms_per_step": large / args.profile_steps,
+                "kernels_per_step": len(spans) / args.profile_steps,
                 "tokens_per_step_per_lane": made / args.profile_steps / lanes,
             }
         plain = row["plain"]["decode_tok_s_per_lane"]
@@ -150,6 +173,21 @@ def main() -> None:
         report["rows"].append(row)
         print(json.dumps(row, indent=1), flush=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.cprofile:  # where the host's time per device round goes, one lane
+        import cProfile
+        import pstats
+
+        lane = dev_engine.submit(prompt, params)
+        while len(lane.output_ids) < 16:
+            dev_engine.step()
+        with cProfile.Profile() as host:
+            for _ in range(args.cprofile):
+                dev_engine.step()
+        while dev_engine.has_work():
+            dev_engine.step()
+        stats = pstats.Stats(host)
+        stats.sort_stats("tottime").print_stats(20)
+        stats.sort_stats("cumulative").print_stats(35)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--k", default="4", help="draft lengths (--num-draft-tokens), comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--draft-layers", type=int, default=8)
     ap.add_argument("--distilled", default=None, help="a `lanes distill` drafter directory to add")
@@ -116,23 +117,27 @@ def main() -> None:
     if args.only:
         drafters = {k: v for k, v in drafters.items() if k in args.only.split(",")}
     policies = {"on": [True], "off": [False], "both": [False, True]}[args.cost_aware]
+    ks = [int(k) for k in args.k.split(",")]
     on_device = {"auto": [None], "off": [False], "both": [False, None]}[args.device_rounds]
     runs = [
         (
             name
             + ("" if len(policies) == 1 else f" cost-aware={'on' if aware else 'off'}")
-            + ("" if len(on_device) == 1 else f" device-rounds={'off' if dr is False else 'on'}"),
+            + ("" if len(on_device) == 1 else f" device-rounds={'off' if dr is False else 'on'}")
+            + ("" if len(ks) == 1 else f" k={k}"),
             p,
             aware,
             dr,
+            k,
         )
         for name, p in drafters.items()
         for aware in policies
         for dr in on_device
+        for k in ks
     ]
     results = {}
-    for name, proposer, aware, dr in runs:
-        config = cfg.replace(cost_aware_drafts=aware, device_rounds=dr)
+    for name, proposer, aware, dr, k in runs:
+        config = cfg.replace(cost_aware_drafts=aware, device_rounds=dr, num_draft_tokens=k)
         engine = build_engine(checkpoint=ckpt, config=config, proposer=proposer)
         plain_s, drafted_s = [], []
         for i in range(args.repeats + 1):  # the first pair is a warm-up
@@ -178,13 +183,14 @@ def main() -> None:
         if args.everyday
         else "built-in",
         "new_tokens": args.new_tokens,
-        "num_draft_tokens": cfg.num_draft_tokens,
+        "num_draft_tokens": ks,
         "repeats": args.repeats,
     }
     tag = "" if not args.only else "-" + args.only.replace(",", "-")
     tag += "-everyday" if args.everyday else ""
     tag += "-cost-aware-both" if args.cost_aware == "both" else ""
     tag += "-device-rounds-both" if args.device_rounds == "both" else ""
+    tag += f"-k{args.k.replace(',', '-')}" if len(ks) > 1 else ""
     out = Path(__file__).parent / "results" / f"drafters{tag}-{args.device}.json"
     out.write_text(json.dumps({"meta": meta, "drafters": results}, indent=2) + "\n")
 
