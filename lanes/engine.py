@@ -431,14 +431,16 @@ class Engine:
 
     def _device_lane(self, lane: Lane) -> bool:
         """A lane the device rounds can carry now: drafting, greedy on the device, and far
-        enough from its end that the next two rounds stay within it."""
+        enough from the end of its context that the next two rounds stay within it. (Rounds
+        past max_tokens are fine: their positions are computed, but no token past the end is
+        emitted, and the lane ends there.)"""
         dr = self.device_rounds
         return (
             not lane.is_finished
             and lane.state is LaneState.DECODE
             and self._drafting(lane)
             and samples_on_device(lane.params)
-            and dr.reach(lane) <= min(self._max_len(lane), dr.target.max_ctx, dr.head.max_ctx)
+            and dr.reach(lane) <= min(dr.target.max_ctx, dr.head.max_ctx)
         )
 
     def _reserve_reach(self, lanes: Sequence[Lane]) -> bool:
