@@ -88,36 +88,125 @@ class Seed:
 
 
 class _Bucket:
-    """Static buffers and the graph of one lane count (padded to a LANE_BUCKETS size)."""
+    """Static buffers, forward batches and the graph of one lane count (a LANE_BUCKETS size).
+
+    Every position, slot, first position and context length of a round is v + a * ca + c for
+    its lane's (v, a) and constants (ca, c) fixed by the layout, so a round computes all of
+    them in a handful of kernels (`_layout`) instead of a few per forward:
+
+        positions  [catch-up: lanes * T | drafts m = 1 .. k-1: lanes each | verify: lanes * T]
+        meta       [k + 1, 2, lanes]    first position and context length of each forward
+
+    and the catch-up's logits row of lane i is i * T + a.
+    """
 
     def __init__(
         self, lanes: int, k: int, target: Side, head: Side, width: int, dtype, device
     ) -> None:
         self.lanes, self.k, self.t = lanes, k, k + 1
-        i64 = dict(dtype=torch.int64, device=device)
-        i32 = dict(dtype=torch.int32, device=device)
         t = self.t
+        i64 = dict(dtype=torch.int64, device=device)
         # the state one round leaves for the next (see the module docstring)
         self.v = torch.zeros(lanes, **i64)
         self.a = torch.zeros(lanes, **i64)
         self.g = torch.zeros((lanes, t), **i64)
         self.f = torch.zeros((lanes * t, width), dtype=dtype, device=device)
         self.live = torch.zeros(lanes, dtype=torch.bool, device=device)
-        self.rows = torch.arange(lanes, **i64)
-        self.steps = torch.arange(t, **i64)
+        self.zero = torch.zeros((), **i64)
         self.target_slots = LaneSlots(lanes, target.max_ctx, target.scratch_slot, device)
         self.head_slots = LaneSlots(lanes, head.max_ctx, head.scratch_slot, device)
-        # inputs of each forward: ids, positions, KV slots; first positions and context lengths
-        self.catch_up = torch.zeros((3, lanes * t), **i64)
-        self.catch_up_meta = torch.ones((2, lanes), **i32)
-        self.catch_up_rows = torch.zeros(lanes, **i64)  # the logits row of each lane: row a
-        self.drafts = torch.zeros((2, max(1, k - 1), lanes), **i64)
-        self.drafts_meta = torch.ones((2, max(1, k - 1), lanes), **i32)
-        self.verify = torch.zeros((3, lanes * t), **i64)
-        self.verify_meta = torch.ones((2, lanes), **i32)
+        # the layout's constants: lane, ca, c of every value (positions, rows, meta)
+        lane, ca, c = [], [], []
+
+        def add(i: int, with_a: int, const: int) -> None:
+            lane.append(i)
+            ca.append(with_a)
+            c.append(const)
+
+        for i in range(lanes):  # catch-up rows v .. v + k
+            for j in range(t):
+                add(i, 0, j)
+        for m in range(1, k):  # draft forward m at v + a + m
+            for i in range(lanes):
+                add(i, 1, m)
+        for i in range(lanes):  # verify rows v + a + 1 .. v + a + 1 + k
+            for j in range(t):
+                add(i, 1, 1 + j)
+        self.num_positions = len(lane)
+        self.num_head_positions = lanes * t + (k - 1) * lanes
+        firsts = [(0, 0)] + [(1, m) for m in range(1, k)] + [(1, 1)]  # each forward's (ca, c)
+        rows = [t] + [1] * (k - 1) + [t]
+        for (with_a, first), n in zip(firsts, rows, strict=True):
+            for i in range(lanes):
+                add(i, with_a, first)
+            for i in range(lanes):
+                add(i, with_a, first + n)
+        self.lane_of = torch.tensor(lane, **i64)
+        self.ca = torch.tensor(ca, **i64)
+        self.c = torch.tensor(c, **i64)
+        self.values = torch.zeros(len(lane), **i64)
+        self.meta = torch.ones((k + 1, 2, lanes), dtype=torch.int32, device=device)
+        table_base = [i * head.max_ctx for i in lane[: self.num_head_positions]] + [
+            i * target.max_ctx for i in lane[self.num_head_positions : self.num_positions]
+        ]
+        self.table_base = torch.tensor(table_base, **i64)
+        self.slots = torch.zeros(self.num_positions, **i64)
+        # the forwards over those buffers; input ids and features are set per forward
+        positions, slots = self.values[: self.num_positions], self.slots
+        n_c, n_h = lanes * t, self.num_head_positions
+        self.row_base = torch.arange(lanes, **i64) * t
+        self.rows = torch.zeros(lanes, **i64)  # the catch-up's logits rows: i * T + a
+        self.catch_up = dataclasses.replace(
+            static_batch(
+                head.group,
+                self.g.view(-1),
+                positions[:n_c],
+                slots[:n_c],
+                self.meta[0, 0],
+                self.meta[0, 1],
+                self.head_slots.kv_slots,
+                self.f,
+            ),
+            logits_indices=self.rows,
+        )
+        self.drafts = [
+            static_batch(
+                head.group,
+                self.v,  # placeholder: the previous forward's samples
+                positions[n_c + (m - 1) * lanes : n_c + m * lanes],
+                slots[n_c + (m - 1) * lanes : n_c + m * lanes],
+                self.meta[m, 0],
+                self.meta[m, 1],
+                self.head_slots.kv_slots,
+                self.f[:lanes],  # placeholder: the previous forward's sampled rows
+            )
+            for m in range(1, k)
+        ]
+        self.verify = static_batch(
+            target.group,
+            positions[n_h:],  # placeholder: [g[a], d1 .. dk]
+            positions[n_h:],
+            slots[n_h:],
+            self.meta[k, 0],
+            self.meta[k, 1],
+            self.target_slots.kv_slots,
+        )
         # read back per lane: tokens [t], logprobs [t], accepted, verify start
         self.out = torch.zeros((lanes, 2 * t + 2), dtype=torch.float64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
+
+    def layout(self) -> None:
+        """Every position, slot, logits row, first position and context length of the round,
+        from (v, a): nine kernels."""
+        n = self.num_positions
+        with_v = self.v.index_select(0, self.lane_of).add_(self.c)
+        torch.addcmul(with_v, self.a.index_select(0, self.lane_of), self.ca, out=self.values)
+        self.meta.view(-1).copy_(self.values[n:])
+        torch.add(self.row_base, self.a, out=self.rows)
+        index = self.values[:n] + self.table_base
+        h = self.num_head_positions
+        torch.index_select(self.head_slots.kv_slots, 0, index[:h], out=self.slots[:h])
+        torch.index_select(self.target_slots.kv_slots, 0, index[h:], out=self.slots[h:])
 
 
 class DeviceRounds:
@@ -297,78 +386,27 @@ class DeviceRounds:
     def _round(self, b: _Bucket) -> None:
         t, h = self.target, self.head
         k, T = b.k, b.t
-        v, a = b.v, b.a
-        head_off = b.rows * self.head.max_ctx
-        target_off = b.rows * self.target.max_ctx
+        b.layout()
         # the head catches up on the last verify's rows; row a's sample is draft 1
-        pos = v[:, None] + b.steps
-        b.catch_up[0].copy_(b.g.view(-1))
-        b.catch_up[1].copy_(pos.view(-1))
-        b.catch_up[2].copy_(b.head_slots.kv_slots[(head_off[:, None] + pos).view(-1)])
-        b.catch_up_meta[0].copy_(v)
-        b.catch_up_meta[1].copy_(v + T)
-        b.catch_up_rows.copy_(b.rows * T + a)
-        batch = static_batch(
-            h.group,
-            b.catch_up[0],
-            b.catch_up[1],
-            b.catch_up[2],
-            b.catch_up_meta[0],
-            b.catch_up_meta[1],
-            b.head_slots.kv_slots,
-            b.f,
-        )
-        batch = dataclasses.replace(batch, logits_indices=b.catch_up_rows)
-        drafts = [self.sample(h.decoder.forward(batch, h.kv), v + a + 2)]
-        hidden = h.decoder.last_hidden[b.catch_up_rows]
-        for m in range(1, k):
-            p = v + a + m
-            ids_pos, meta = b.drafts[:, m - 1], b.drafts_meta[:, m - 1]
-            ids_pos[0].copy_(p)
-            ids_pos[1].copy_(b.head_slots.kv_slots[head_off + p])
-            meta[0].copy_(p)
-            meta[1].copy_(p + 1)
-            batch = static_batch(
-                h.group, drafts[-1], ids_pos[0], ids_pos[1], meta[0], meta[1],
-                b.head_slots.kv_slots, hidden,
-            )  # fmt: skip
-            drafts.append(self.sample(h.decoder.forward(batch, h.kv), p + 2))
+        positions = b.values[b.num_head_positions : b.num_positions].view(b.lanes, T)
+        drafts = [self.sample(h.decoder.forward(b.catch_up, h.kv), positions[:, 0] + 1)]
+        hidden = h.decoder.last_hidden[b.rows]
+        for m, batch in enumerate(b.drafts, start=1):
+            batch = dataclasses.replace(batch, input_ids=drafts[-1], features=hidden)
+            drafts.append(self.sample(h.decoder.forward(batch, h.kv), positions[:, m] + 1))
             hidden = h.decoder.last_hidden
         d = torch.stack(drafts, 1)  # [lanes, k]
         # the target verifies [g[a], d1 .. dk] at v' = v + a + 1
-        start = v + a + 1
-        vpos = start[:, None] + b.steps
-        b.verify[0].copy_(torch.cat([b.g.gather(1, a[:, None]), d], 1).view(-1))
-        b.verify[1].copy_(vpos.view(-1))
-        b.verify[2].copy_(b.target_slots.kv_slots[(target_off[:, None] + vpos).view(-1)])
-        b.verify_meta[0].copy_(start)
-        b.verify_meta[1].copy_(start + T)
-        batch = static_batch(
-            t.group,
-            b.verify[0],
-            b.verify[1],
-            b.verify[2],
-            b.verify_meta[0],
-            b.verify_meta[1],
-            b.target_slots.kv_slots,
-        )
-        tokens, logprobs = greedy_rows(t.decoder.forward(batch, t.kv), use_triton=True)
+        ids = torch.cat([b.g.gather(1, b.a[:, None]), d], 1).view(-1)
+        logits = t.decoder.forward(dataclasses.replace(b.verify, input_ids=ids), t.kv)
+        tokens, logprobs = greedy_rows(logits, use_triton=True)
         tokens, logprobs = tokens.view(b.lanes, T), logprobs.view(b.lanes, T)
         accepted = (tokens[:, :k] == d).long().cumprod(1).sum(1)
         features = self.reduce(t.decoder.last_hidden)
-        b.out.copy_(
-            torch.cat(
-                [
-                    tokens.double(),
-                    logprobs.double(),
-                    accepted[:, None].double(),
-                    start[:, None].double(),
-                ],
-                1,
-            )
-        )
+        start = positions[:, 0]
+        b.out.copy_(torch.cat([tokens, logprobs, accepted[:, None], start[:, None]], 1))
         # the state of the next round; padding lanes stay at position 0
-        b.v.copy_(torch.where(b.live, start, 0))
-        b.a.copy_(torch.where(b.live, accepted, 0))
+        torch.where(b.live, start, b.zero, out=b.v)
+        torch.where(b.live, accepted, b.zero, out=b.a)
         b.g.copy_(tokens)
-        b.f.copy_(features.to(b.f.dtype))
+        b.f.copy_(features)
