@@ -5,7 +5,9 @@ rounds and plain decode, in one run on one GPU, at a set acceptance.
         [--lanes 1,4] [--new 256] [--repeats 3] [--out FILE]
 
 Random weights of the shape (exact mode, CUDA graphs); the drafter is the shipped SmolLM2 head
-(it reads the random target's shared embedding), run for its cost. Its drafts are replaced by
+(it reads the random target's shared embedding), or with `--drafter random` an untrained head of
+the shape's own width drafting over `--head-vocab` token ids (an untied shape gets tied
+embeddings, which the head's LM head reads), run for its cost. Its drafts are replaced by
 the target's own tokens at a set acceptance, so the rounds keep what a good head would keep:
 host-managed rounds with replay drafts (bench_engine.CostedReplay), device rounds with the same
 rate decided on the device by position (each position's draft right with probability p, from
@@ -31,6 +33,20 @@ from bench.trace_spec_round import SHIPPED
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter import make_proposer
 from lanes.drafter.replay import ReplayProposer
+
+
+def random_head(ckpt, vocab: int, out: Path, device: str = "cuda") -> Path:
+    """An untrained EAGLE-style head for `ckpt` (one layer of its shape, drafting over its first
+    `vocab` token ids), saved as `lanes distill` saves one: it costs what a trained head of
+    that shape costs (its drafts are replaced anyway, `kept_drafts`)."""
+    from lanes.config import ModelConfig
+    from lanes.drafter.distill import EagleHead, hf_config, save
+
+    cfg = ModelConfig.from_hf(hf_config(ckpt.config, num_layers=1))
+    vocab_ids = torch.arange(min(vocab, ckpt.config.vocab_size))
+    save(EagleHead(cfg, ckpt, vocab_ids, device), cfg, out)
+    (out / "drafter.json").write_text(json.dumps({"kind": "eagle", "target_feature_layers": None}))
+    return out
 
 
 def kept_drafts(rounds, truth: torch.Tensor, p: float, vocab: int) -> None:
@@ -77,7 +93,10 @@ def decode_tok_s(done) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
-    ap.add_argument("--drafter", default=str(SHIPPED))
+    ap.add_argument(
+        "--drafter", default=str(SHIPPED), help="a head directory, or random (of the shape)"
+    )
+    ap.add_argument("--head-vocab", type=int, default=32768, help="--drafter random's vocab")
     ap.add_argument("--acceptance", type=float, default=0.8)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--lanes", default="1,4")
@@ -88,7 +107,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/device-rounds-h200.json")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
+    if args.drafter == "random" and not shape.tie_word_embeddings:
+        # the head's LM head is the target's embedding: tie it (the same bytes per token)
+        shape = dataclasses.replace(shape, tie_word_embeddings=True)
     ckpt = random_checkpoint(shape, "cuda")
+    if args.drafter == "random":
+        import tempfile
+
+        head_dir = Path(tempfile.mkdtemp(prefix="lanes-head-")) / "eagle"
+        args.drafter = str(random_head(ckpt, args.head_vocab, head_dir))
     base = dict(
         device="cuda",
         prompt_cache_bytes=0,
@@ -123,6 +150,7 @@ def main() -> None:
     }
     report = {
         "shape": args.shape,
+        "drafter": args.drafter,
         "acceptance_set": args.acceptance,
         "k": args.k,
         "new_tokens": args.new,
