@@ -70,3 +70,33 @@ class DraftCosts:
             if tokens / cost > best_rate:
                 best_k, best_rate = k, tokens / cost
         return best_k
+
+
+DEVICE_SAMPLES = 8  # device rounds measured before they are judged
+DEVICE_PAUSE = 256  # rounds without device rounds after they did not pay
+
+
+@dataclass
+class DeviceRoundCosts:
+    """Whether drafted rounds on the device (lanes/device_rounds.py) pay: they draft a fixed k,
+    so they are judged as a whole, against a plain round's measured time (DraftCosts.forward):
+    a plain round gives each lane one token; a device round gives it `tokens` (running mean)
+    in `seconds`. They pay while tokens * forward >= seconds."""
+
+    tokens: float | None = None  # tokens per lane per device round
+    seconds: float | None = None  # wall seconds per device round
+    samples: int = 0  # device rounds measured since they last started
+
+    def record(self, tokens_per_lane: float, seconds: float) -> None:
+        self.tokens = _ema(self.tokens, tokens_per_lane)
+        self.seconds = _ema(self.seconds, seconds)
+        self.samples += 1
+
+    def verdict(self, forward: float | None) -> str:
+        """ "go" (not judged yet, or they pay), "measure" (no plain round measured: run one) or
+        "pause" (a plain round is faster)."""
+        if self.samples < DEVICE_SAMPLES:
+            return "go"
+        if forward is None:
+            return "measure"
+        return "go" if self.tokens * forward >= self.seconds else "pause"

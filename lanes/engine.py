@@ -23,7 +23,7 @@ from lanes.cache.prompt_cache import PromptCache
 from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.device_sampling import greedy_rows, to_host
-from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
+from lanes.draft_costs import DEVICE_PAUSE, PLAIN_EVERY, PROBE_EVERY, DeviceRoundCosts, DraftCosts
 from lanes.drafter import Proposer
 from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
@@ -154,6 +154,10 @@ class Engine:
             )
         self._device_kept: dict[int, int] = {}  # lane row -> drafts its last read round kept
         self._device_rounds_broken = False
+        self.device_costs = DeviceRoundCosts()  # whether they pay here (with cost-aware drafts)
+        self._device_paused_until = 0  # metrics.num_rounds before which they do not start
+        self._device_emitted = 0.0  # tokens per lane of the latest device round taken
+        self._device_due = False  # device rounds could start at the round being planned
 
     @property
     def context_len(self) -> int:
@@ -393,6 +397,9 @@ class Engine:
         live = [(i, s) for i, s in enumerate(last.steps) if not s.lane.is_finished]
         if self.waiting or len(live) != len(self.running):
             return ()
+        self._device_due = self._device_rounds_due()
+        if self._device_due:  # a planned round starts them
+            return ()
         if any(self._num_drafts(s.lane) for _, s in live):  # a drafter needs the newest token
             return ()
         steps = [
@@ -443,6 +450,14 @@ class Engine:
             and dr.reach(lane) <= min(dr.target.max_ctx, dr.head.max_ctx)
         )
 
+    def _device_rounds_due(self) -> bool:
+        """Whether device rounds could start now: not paused, nothing waiting, every running
+        lane a device lane. Then plain overlapped rounds give way to a planned round, and
+        cost-aware k does not stop drafting (device rounds judge their own cost)."""
+        if self.device_rounds is None or self.metrics.num_rounds < self._device_paused_until:
+            return False
+        return not self.waiting and all(self._device_lane(lane) for lane in self.running)
+
     def _reserve_reach(self, lanes: Sequence[Lane]) -> bool:
         """Target blocks for every position the next round may write; False (nothing taken)
         where the pool has too few."""
@@ -460,6 +475,8 @@ class Engine:
         nothing waiting or filling, each lane a device lane, and blocks for their reach."""
         if self.device_rounds is None or plan.prefill or not plan.decode or self.waiting:
             return False
+        if self.metrics.num_rounds < self._device_paused_until:
+            return False
         lanes = [s.lane for s in plan.decode]
         return (
             len(lanes) == len(self.running)
@@ -471,8 +488,13 @@ class Engine:
         """Launch the next device round when every lane can go on (same lanes, nothing new
         waiting), then take the oldest in flight; else take them all and end the rounds."""
         dr = self.device_rounds
+        verdict = self.device_costs.verdict(self.draft_costs.forward) if self._cost_aware else "go"
+        if verdict != "go":  # a plain round is faster, or has not been measured yet
+            pause = DEVICE_PAUSE if verdict == "pause" else 2
+            self._device_paused_until = self.metrics.num_rounds + pause
         go_on = (
-            not self.waiting
+            verdict == "go"
+            and not self.waiting
             and len(self.running) == len(dr.lanes)
             and all(self._device_lane(lane) for lane in dr.lanes)
             and self._reserve_reach(dr.lanes)
@@ -492,10 +514,11 @@ class Engine:
     def _device_round(self, launched: bool, start: float) -> list[Completion]:
         """Take what the launch leaves to take, and end the rounds when none was launched."""
         dr = self.device_rounds
-        ended = []
+        ended, took = [], False
         # with overlap one round stays in flight while the host takes the one before it
         while len(dr.pending) > (1 if launched and self._overlap else 0):
             ended += self._take_device_round()
+            took = True
         if not launched:
             ended += self._stop_device_rounds()
         ended += self._apply_cancellations()
@@ -503,6 +526,8 @@ class Engine:
         self._last_round_end = self.clock()
         if launched:
             tokens = len(dr.lanes) * (dr.k + 1)
+            if took:
+                self.device_costs.record(self._device_emitted, seconds)
             self.share.record(0, tokens, seconds)
             self.metrics.add(
                 RoundRecord(
@@ -522,11 +547,12 @@ class Engine:
         dr = self.device_rounds
         results = dr.take()
         now = self.clock()
-        ended = []
+        ended, emitted = [], []
         for i, (lane, r) in enumerate(zip(dr.lanes, results, strict=True)):
             if lane.is_finished:
                 continue
             self._device_kept[i] = r.accepted
+            emitted.append(r.accepted + 1)
             try:
                 if r.verify_start != lane.num_known - 1:
                     raise RuntimeError(
@@ -546,6 +572,8 @@ class Engine:
                 continue
             if lane.finish_reason is not None:
                 ended.append(self._end(lane, LaneState.DONE))
+        if emitted:  # tokens per lane of the round just taken, for whether they pay
+            self._device_emitted = sum(emitted) / len(emitted)
         self.on_progress()
         return ended
 
@@ -561,6 +589,7 @@ class Engine:
             self.proposer.accepted(lane)
         if self._device_rounds_broken:
             self.device_rounds = None
+        self.device_costs.samples = 0  # judged afresh when they start again
         return []
 
     # ---- error boundaries -----------------------------------------------------------------
@@ -810,7 +839,7 @@ class Engine:
         k = self.config.num_draft_tokens
         if self.config.adaptive_drafts:
             k = choose_num_drafts(lane, k)
-            if self._cost_aware:
+            if self._cost_aware and not self._device_due:
                 k = self._paying_drafts(lane, k)
         return max(0, min(k, room))
 
@@ -911,6 +940,7 @@ class Engine:
     def _plan(self) -> LaneRound:
         """Plan a round whose blocks fit; preempt the newest lanes until they do."""
         cfg = self.config
+        self._device_due = self._device_rounds_due()
         while True:
             num_decode = sum(lane.state is LaneState.DECODE for lane in self.running)
             self._num_decoding = num_decode

@@ -170,3 +170,18 @@ def test_a_failing_launch_leaves_rounds_host_managed(head_dir, plain, monkeypatc
     (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=10))
     assert engine.device_rounds is None
     assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:10]
+
+
+def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
+    """With cost-aware drafts, device rounds judged slower than plain rounds stop for
+    DEVICE_PAUSE rounds; the request goes on host-managed, with the same output."""
+    from lanes.draft_costs import DeviceRoundCosts
+
+    monkeypatch.setattr(
+        DeviceRoundCosts, "verdict", lambda self, forward: "pause" if self.samples >= 2 else "go"
+    )
+    engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True)
+    (got,) = engine.generate(PROMPTS[1:2], PARAMS)
+    assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids
+    assert 2 <= engine.device_rounds.num_rounds <= 3
+    assert engine._device_paused_until > engine.metrics.num_rounds

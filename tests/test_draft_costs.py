@@ -86,3 +86,23 @@ def test_a_drafter_that_pays_keeps_drafting(llama_dir, records):
     tokens = sum(len(o.token_ids) for o in outs)
     assert engine.draft_costs.measured
     assert tokens / steps > 3.0  # all but the plain rounds draft the full k of 4, all kept
+
+
+def test_device_rounds_are_judged_against_a_plain_round():
+    """Device rounds draft a fixed k; they go on while tokens per round x a plain round's time
+    covers a device round's time, are not judged before DEVICE_SAMPLES rounds, and ask for a
+    plain round to be measured when none was."""
+    from lanes.draft_costs import DEVICE_SAMPLES, DeviceRoundCosts
+
+    costs = DeviceRoundCosts()
+    for _ in range(DEVICE_SAMPLES - 1):
+        costs.record(1.0, 2.0)  # one token per 2 ms: worse than 1 ms plain rounds
+    assert costs.verdict(forward=1.0) == "go"  # not judged yet
+    costs.record(1.0, 2.0)
+    assert costs.verdict(forward=None) == "measure"
+    assert costs.verdict(forward=1.0) == "pause"
+    paying = DeviceRoundCosts()
+    for _ in range(DEVICE_SAMPLES):
+        paying.record(3.0, 2.0)  # three tokens per 2 ms
+    assert paying.verdict(forward=1.0) == "go"
+    assert paying.verdict(forward=0.5) == "pause"  # plain rounds of 0.5 ms would be faster
