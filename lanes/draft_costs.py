@@ -73,7 +73,10 @@ class DraftCosts:
 
 
 DEVICE_SAMPLES = 8  # device rounds measured before they are judged
-DEVICE_PAUSE = 256  # rounds without device rounds after they did not pay
+DEVICE_PAUSE = 64  # rounds without device rounds after they did not pay (same requests)
+DEVICE_MEASURE = 4  # plain rounds run to measure one (no plain round measured, or long ago)
+DEVICE_STALE = 512  # rounds after which a plain round's measured time is measured again
+DEVICE_MARGIN = 1.1  # device rounds pause only when a plain round is this much faster
 
 
 @dataclass
@@ -81,7 +84,8 @@ class DeviceRoundCosts:
     """Whether drafted rounds on the device (lanes/device_rounds.py) pay: they draft a fixed k,
     so they are judged as a whole, against a plain round's measured time (DraftCosts.forward):
     a plain round gives each lane one token; a device round gives it `tokens` (running mean)
-    in `seconds`. They pay while tokens * forward >= seconds."""
+    in `seconds`. They pause when tokens * forward * DEVICE_MARGIN < seconds: both times are
+    noisy and the rounds' tokens vary by request, so they keep going where it is close."""
 
     tokens: float | None = None  # tokens per lane per device round
     seconds: float | None = None  # wall seconds per device round
@@ -92,11 +96,11 @@ class DeviceRoundCosts:
         self.seconds = _ema(self.seconds, seconds)
         self.samples += 1
 
-    def verdict(self, forward: float | None) -> str:
-        """ "go" (not judged yet, or they pay), "measure" (no plain round measured: run one) or
-        "pause" (a plain round is faster)."""
+    def verdict(self, forward: float | None, stale: bool = False) -> str:
+        """ "go" (not judged yet, or they pay), "measure" (no plain round measured, or `stale`:
+        run some) or "pause" (a plain round is faster)."""
         if self.samples < DEVICE_SAMPLES:
             return "go"
-        if forward is None:
+        if forward is None or stale:
             return "measure"
-        return "go" if self.tokens * forward >= self.seconds else "pause"
+        return "go" if self.tokens * forward * DEVICE_MARGIN >= self.seconds else "pause"

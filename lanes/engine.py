@@ -23,7 +23,15 @@ from lanes.cache.prompt_cache import PromptCache
 from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.device_sampling import greedy_rows, to_host
-from lanes.draft_costs import DEVICE_PAUSE, PLAIN_EVERY, PROBE_EVERY, DeviceRoundCosts, DraftCosts
+from lanes.draft_costs import (
+    DEVICE_MEASURE,
+    DEVICE_PAUSE,
+    DEVICE_STALE,
+    PLAIN_EVERY,
+    PROBE_EVERY,
+    DeviceRoundCosts,
+    DraftCosts,
+)
 from lanes.drafter import Proposer
 from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
@@ -155,9 +163,13 @@ class Engine:
         self._device_kept: dict[int, int] = {}  # lane row -> drafts its last read round kept
         self._device_rounds_broken = False
         self.device_costs = DeviceRoundCosts()  # whether they pay here (with cost-aware drafts)
-        self._device_paused_until = 0  # metrics.num_rounds before which they do not start
+        # device rounds judged not to pay for these requests: not started again before this
+        # metrics.num_rounds while only they run (new requests are judged afresh)
+        self._device_paused_until = 0
+        self._device_paused_for: frozenset[int] = frozenset()
         self._device_emitted = 0.0  # tokens per lane of the latest device round taken
         self._device_due = False  # device rounds could start at the round being planned
+        self._forward_measured_at = 0  # metrics.num_rounds at the last plain round measured
 
     @property
     def context_len(self) -> int:
@@ -308,6 +320,8 @@ class Engine:
             self.draft_costs.record(
                 sum(drafts), max(drafts), seconds - drafter_seconds, drafter_seconds
             )
+            if not sum(drafts):
+                self._forward_measured_at = self.metrics.num_rounds
         self.share.record(num_prefill, num_decode, seconds)
         self.metrics.achieved_prefill_share = self.share.achieved_share
         self.metrics.add(
@@ -377,6 +391,7 @@ class Engine:
         self._last_round_end = self.clock()
         self.share.record(0, len(steps), seconds)
         self.draft_costs.record(0, 0, seconds, 0.0)  # a plain round, as it runs overlapped
+        self._forward_measured_at = self.metrics.num_rounds
         self.metrics.add(
             RoundRecord(
                 prefill_tokens=0,
@@ -450,11 +465,18 @@ class Engine:
             and dr.reach(lane) <= min(dr.target.max_ctx, dr.head.max_ctx)
         )
 
+    def _device_paused(self) -> bool:
+        """Device rounds were judged not to pay for the running requests (acceptance is theirs:
+        a request that joins since is judged afresh)."""
+        return self.metrics.num_rounds < self._device_paused_until and all(
+            lane.request_id in self._device_paused_for for lane in self.running
+        )
+
     def _device_rounds_due(self) -> bool:
         """Whether device rounds could start now: not paused, nothing waiting, every running
         lane a device lane. Then plain overlapped rounds give way to a planned round, and
         cost-aware k does not stop drafting (device rounds judge their own cost)."""
-        if self.device_rounds is None or self.metrics.num_rounds < self._device_paused_until:
+        if self.device_rounds is None or self._device_paused():
             return False
         return not self.waiting and all(self._device_lane(lane) for lane in self.running)
 
@@ -475,7 +497,7 @@ class Engine:
         nothing waiting or filling, each lane a device lane, and blocks for their reach."""
         if self.device_rounds is None or plan.prefill or not plan.decode or self.waiting:
             return False
-        if self.metrics.num_rounds < self._device_paused_until:
+        if self._device_paused():
             return False
         lanes = [s.lane for s in plan.decode]
         return (
@@ -488,10 +510,23 @@ class Engine:
         """Launch the next device round when every lane can go on (same lanes, nothing new
         waiting), then take the oldest in flight; else take them all and end the rounds."""
         dr = self.device_rounds
-        verdict = self.device_costs.verdict(self.draft_costs.forward) if self._cost_aware else "go"
-        if verdict != "go":  # a plain round is faster, or has not been measured yet
-            pause = DEVICE_PAUSE if verdict == "pause" else 2
+        verdict = "go"
+        if self._cost_aware:
+            stale = self.metrics.num_rounds - self._forward_measured_at > DEVICE_STALE
+            verdict = self.device_costs.verdict(self.draft_costs.forward, stale)
+        if verdict != "go":  # a plain round is faster, or was not measured (lately)
+            pause = DEVICE_PAUSE if verdict == "pause" else DEVICE_MEASURE
+            c = self.device_costs
+            log.info(
+                "device rounds %s: %.2f tokens per lane in %.2f ms per round; plain round %s",
+                "paused" if verdict == "pause" else "stopped to measure a plain round",
+                c.tokens,
+                c.seconds * 1e3,
+                "not measured" if self.draft_costs.forward is None
+                else f"{self.draft_costs.forward * 1e3:.2f} ms",
+            )  # fmt: skip
             self._device_paused_until = self.metrics.num_rounds + pause
+            self._device_paused_for = frozenset(lane.request_id for lane in dr.lanes)
         go_on = (
             verdict == "go"
             and not self.waiting

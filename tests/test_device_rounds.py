@@ -174,7 +174,8 @@ def test_a_failing_launch_leaves_rounds_host_managed(head_dir, plain, monkeypatc
 
 def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
     """With cost-aware drafts, device rounds judged slower than plain rounds stop for
-    DEVICE_PAUSE rounds; the request goes on host-managed, with the same output."""
+    DEVICE_PAUSE rounds while the same requests run; the request goes on host-managed, with the
+    same output."""
     from lanes.draft_costs import DeviceRoundCosts
 
     monkeypatch.setattr(
@@ -185,3 +186,7 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
     assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids
     assert 2 <= engine.device_rounds.num_rounds <= 3
     assert engine._device_paused_until > engine.metrics.num_rounds
+    # a new request is judged afresh: device rounds start for it although the pause is on
+    before = engine.device_rounds.num_rounds
+    engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=12))
+    assert engine.device_rounds.num_rounds > before

@@ -105,4 +105,6 @@ def test_device_rounds_are_judged_against_a_plain_round():
     for _ in range(DEVICE_SAMPLES):
         paying.record(3.0, 2.0)  # three tokens per 2 ms
     assert paying.verdict(forward=1.0) == "go"
+    assert paying.verdict(forward=1.0, stale=True) == "measure"  # plain time measured long ago
     assert paying.verdict(forward=0.5) == "pause"  # plain rounds of 0.5 ms would be faster
+    assert paying.verdict(forward=0.62) == "go"  # within the margin: keep going
