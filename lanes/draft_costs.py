@@ -83,18 +83,32 @@ DEVICE_MARGIN = 1.1  # device rounds pause only when a plain round is this much 
 class DeviceRoundCosts:
     """Whether drafted rounds on the device (lanes/device_rounds.py) pay: they draft a fixed k,
     so they are judged as a whole, against a plain round's measured time (DraftCosts.forward):
-    a plain round gives each lane one token; a device round gives it `tokens` (running mean)
-    in `seconds`. They pause when tokens * forward * DEVICE_MARGIN < seconds: both times are
+    a plain round gives each lane one token; a device round gives it `tokens` (mean since they
+    started) in `seconds`. They pause when tokens * forward * DEVICE_MARGIN < seconds: both times are
     noisy and the rounds' tokens vary by request, so they keep going where it is close."""
 
-    tokens: float | None = None  # tokens per lane per device round
-    seconds: float | None = None  # wall seconds per device round
     samples: int = 0  # device rounds measured since they last started
+    total_tokens: float = 0.0  # their tokens per lane, summed
+    total_seconds: float = 0.0
 
     def record(self, tokens_per_lane: float, seconds: float) -> None:
-        self.tokens = _ema(self.tokens, tokens_per_lane)
-        self.seconds = _ema(self.seconds, seconds)
+        self.total_tokens += tokens_per_lane
+        self.total_seconds += seconds
         self.samples += 1
+
+    def restart(self) -> None:
+        """Judge afresh (the rounds stopped; their requests may change)."""
+        self.samples, self.total_tokens, self.total_seconds = 0, 0.0, 0.0
+
+    # means since they started: a few rejected rounds in a row must not pause a request whose
+    # drafts pay on the whole (a running average over few rounds did, on everyday prompts)
+    @property
+    def tokens(self) -> float:
+        return self.total_tokens / max(1, self.samples)
+
+    @property
+    def seconds(self) -> float:
+        return self.total_seconds / max(1, self.samples)
 
     def verdict(self, forward: float | None, stale: bool = False) -> str:
         """ "go" (not judged yet, or they pay), "measure" (no plain round measured, or `stale`:

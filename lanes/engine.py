@@ -624,7 +624,7 @@ class Engine:
             self.proposer.accepted(lane)
         if self._device_rounds_broken:
             self.device_rounds = None
-        self.device_costs.samples = 0  # judged afresh when they start again
+        self.device_costs.restart()  # judged afresh when they start again
         return []
 
     # ---- error boundaries -----------------------------------------------------------------
