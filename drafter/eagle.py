@@ -357,11 +357,13 @@ class EagleDrafter(Proposer):
 
     def device_rounds(self, target, num_drafts: int, eager: bool = False):
         """Drafted greedy rounds kept on the device for this head and the target's runner, or
-        None where they cannot run: Triton ops on both, one process; CUDA graphs on both (or,
-        with `eager`, the same ops run eagerly: the CPU tests)."""
+        None where they cannot run: Triton ops on both, one process, an attention-only target;
+        CUDA graphs on both (or, with `eager`, the same ops run eagerly: the CPU tests)."""
         from lanes.device_rounds import DeviceRounds, Side
 
         if num_drafts < 1 or target.comm is not None:
+            return None
+        if target.decoder.cfg.is_hybrid:  # recurrent state would need rolling back on device
             return None
         if self.ops.name != "triton" or target.decoder.ops.name != "triton":
             return None

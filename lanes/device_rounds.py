@@ -8,7 +8,7 @@ accepted count). Here the accepted count never leaves the device on the critical
 position of round R + 1 is round R's verify position plus its accepted count plus a constant,
 computed inside the graph, and the head's catch-up always has k + 1 rows (the verify's rows),
 of which the first a + 1 are real. The host reads each round's tokens one round late and
-mirrors them into its lanes (engine._step_device_round).
+mirrors them into its lanes (Engine._step_device_rounds).
 
 Round of lane i, from the state the previous round left: v (its verify's first position), a
 (drafts it kept), g [k + 1] (its greedy tokens: g[j] is the token after position v + j) and f
@@ -92,7 +92,7 @@ class _Bucket:
 
     Every position, slot, first position and context length of a round is v + a * ca + c for
     its lane's (v, a) and constants (ca, c) fixed by the layout, so a round computes all of
-    them in a handful of kernels (`_layout`) instead of a few per forward:
+    them in a handful of kernels (`layout`) instead of a few per forward:
 
         positions  [catch-up: lanes * T | drafts m = 1 .. k-1: lanes each | verify: lanes * T]
         meta       [k + 1, 2, lanes]    first position and context length of each forward
@@ -115,7 +115,7 @@ class _Bucket:
         self.zero = torch.zeros((), **i64)
         self.target_slots = LaneSlots(lanes, target.max_ctx, target.scratch_slot, device)
         self.head_slots = LaneSlots(lanes, head.max_ctx, head.scratch_slot, device)
-        # the layout's constants: lane, ca, c of every value (positions, rows, meta)
+        # the layout's constants: lane, ca, c of every value (positions, then meta)
         lane, ca, c = [], [], []
 
         def add(i: int, with_a: int, const: int) -> None:
@@ -212,12 +212,13 @@ class _Bucket:
 class DeviceRounds:
     """Drafted greedy rounds on the device for up to 64 lanes (module docstring).
 
-    `head` is the EAGLE-style drafter: it lays out and settles its lanes (`device_seed`,
-    `device_table`, `device_settle`, `device_resume`); `sample(logits, positions)` is its token
-    for each lane's row over the target's vocabulary (positions [lanes]: where each draft will
-    stand; the head's greedy sampler ignores them) and `reduce(features)` maps the target's
-    features to its width. With `graphs` (CUDA), a round is one graph replay; without, the same ops run
-    eagerly (the CPU tests)."""
+    `target` and `head` are the two models' sides; `drafter` is the EAGLE-style drafter, which
+    lays out and settles its lanes (`device_seed`, `device_table`, `device_settle`,
+    `device_resume`); `sample(logits, positions)` is its token for each lane's row over the
+    target's vocabulary (positions [lanes]: where each draft will stand; the head's greedy
+    sampler ignores them) and `reduce(features)` maps the target's features to its width. With
+    a `graph_pool` (CUDA), a round is one graph replay; without, the same ops run eagerly (the
+    CPU tests)."""
 
     def __init__(
         self,
