@@ -179,7 +179,9 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
     from lanes.draft_costs import DeviceRoundCosts
 
     monkeypatch.setattr(
-        DeviceRoundCosts, "verdict", lambda self, forward: "pause" if self.samples >= 2 else "go"
+        DeviceRoundCosts,
+        "verdict",
+        lambda self, forward, stale=False: "pause" if self.samples >= 2 else "go",
     )
     engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True)
     (got,) = engine.generate(PROMPTS[1:2], PARAMS)
