@@ -110,10 +110,10 @@ def test_the_head_itself_in_device_rounds(head_dir, plain):
     """The head's own drafts (catch-up on the verify's features, drafts chained on its rows),
     batched with padding lanes: the undrafted tokens."""
     engine = _engine(head_dir, device_rounds=True)
-    got = engine.generate(PROMPTS[:3], dataclasses.replace(PARAMS, max_tokens=12))
+    got = engine.generate(PROMPTS[:3], dataclasses.replace(PARAMS, max_tokens=10))
     assert engine.device_rounds.num_rounds > 0
     for g in got:
-        assert g.token_ids == plain[tuple(g.prompt_ids)].token_ids[:12]
+        assert g.token_ids == plain[tuple(g.prompt_ids)].token_ids[:10]
     engine.proposer.check_integrity()
 
 
@@ -184,11 +184,11 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
         lambda self, forward, stale=False: "pause" if self.samples >= 2 else "go",
     )
     engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True)
-    (got,) = engine.generate(PROMPTS[1:2], PARAMS)
-    assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids
+    (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=12))
+    assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:12]
     assert 2 <= engine.device_rounds.num_rounds <= 3
     assert engine._device_paused_until > engine.metrics.num_rounds
     # a new request is judged afresh: device rounds start for it although the pause is on
     before = engine.device_rounds.num_rounds
-    engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=12))
+    engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=6))
     assert engine.device_rounds.num_rounds > before
