@@ -29,7 +29,7 @@ import torch
 from bench.bench_engine import CostedReplay
 from bench.profile_busy import kernel_spans
 from bench.shapes import SHAPES, random_checkpoint, synthetic_prompt
-from bench.trace_spec_round import SHIPPED
+from bench.trace_spec_round import SHIPPED, print_host_profile
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter import make_proposer
 from lanes.drafter.replay import ReplayProposer
@@ -202,20 +202,12 @@ def main() -> None:
         print(json.dumps(row, indent=1), flush=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     if args.cprofile:  # where the host's time per device round goes, one lane
-        import cProfile
-        import pstats
-
         lane = dev_engine.submit(prompt, params)
         while len(lane.output_ids) < 16:
             dev_engine.step()
-        with cProfile.Profile() as host:
-            for _ in range(args.cprofile):
-                dev_engine.step()
+        print_host_profile(dev_engine, args.cprofile)
         while dev_engine.has_work():
             dev_engine.step()
-        stats = pstats.Stats(host)
-        stats.sort_stats("tottime").print_stats(20)
-        stats.sort_stats("cumulative").print_stats(35)
 
 
 if __name__ == "__main__":
