@@ -243,6 +243,7 @@ class DeviceRounds:
         self.bucket: _Bucket | None = None  # the running lanes' bucket
         self.lanes: list = []  # the lanes of the running rounds, by row
         self.pending: list[tuple[torch.Tensor, object]] = []  # (read-back buffer, event)
+        self.last: list[RoundResult] = []  # the last round taken, by lane row
         self.num_rounds = 0
 
     # ---- what the engine calls --------------------------------------------------------------
@@ -352,7 +353,7 @@ class DeviceRounds:
             ready.synchronize()
         t = self.bucket.t
         rows = host.tolist()
-        return [
+        self.last = [
             RoundResult(
                 tokens=[int(x) for x in row[:t]],
                 logprobs=row[t : 2 * t],
@@ -361,18 +362,19 @@ class DeviceRounds:
             )
             for row in rows[: len(self.lanes)]
         ]
+        return self.last
 
-    def stop(self, accepted: dict[int, int]) -> None:
-        """End the rounds (nothing may be in flight): each live lane's head takes back the
-        features of its last verify's kept rows (accepted: lane row -> drafts kept)."""
+    def stop(self, live: set[int]) -> None:
+        """End the rounds (nothing may be in flight): the head of each live lane row takes
+        back the features of the kept rows of the last round taken (none if none was)."""
         if self.pending:
             raise RuntimeError("stop() with a round in flight")
         b = self.bucket
-        for i, lane in enumerate(self.lanes):
-            if i in accepted:
-                n = accepted[i] + 1
+        for i, (lane, r) in enumerate(zip(self.lanes, self.last, strict=False)):
+            if i in live:
+                n = r.accepted + 1
                 self.drafter.device_resume(lane, b.f[i * b.t : i * b.t + n].clone())
-        self.bucket, self.lanes = None, []
+        self.bucket, self.lanes, self.last = None, [], []
 
     def _bucket(self, size: int) -> _Bucket:
         """A new bucket, captured (on CUDA) before any lane is in it: the capture's warm-up run

@@ -160,14 +160,12 @@ class Engine:
             self.device_rounds = proposer.device_rounds(
                 runner, cfg.num_draft_tokens, eager=bool(cfg.device_rounds)
             )
-        self._device_kept: dict[int, int] = {}  # lane row -> drafts its last read round kept
         self._device_rounds_broken = False
         self.device_costs = DeviceRoundCosts()  # whether they pay here (with cost-aware drafts)
         # device rounds judged not to pay for these requests: not started again before this
         # metrics.num_rounds while only they run (new requests are judged afresh)
         self._device_paused_until = 0
         self._device_paused_for: frozenset[int] = frozenset()
-        self._device_emitted = 0.0  # tokens per lane of the latest device round taken
         self._device_due = False  # device rounds could start at the round being planned
         self._forward_measured_at = 0  # metrics.num_rounds at the last plain round measured
 
@@ -389,21 +387,27 @@ class Engine:
             return ended + self.step()
         seconds = self.clock() - self._last_round_end
         self._last_round_end = self.clock()
-        self.share.record(0, len(steps), seconds)
         self.draft_costs.record(0, 0, seconds, 0.0)  # a plain round, as it runs overlapped
         self._forward_measured_at = self.metrics.num_rounds
+        self._record_unplanned_round(len(steps), seconds, overlapped=True)
+        return ended
+
+    def _record_unplanned_round(self, tokens: int, seconds: float, overlapped: bool) -> None:
+        """A decode round launched without a plan (on top of the last one, or a device round):
+        its time for the share allocator and the metrics; no host time is counted (planning
+        and taking ran while a forward did)."""
+        self.share.record(0, tokens, seconds)
         self.metrics.add(
             RoundRecord(
                 prefill_tokens=0,
-                decode_tokens=len(steps),
+                decode_tokens=tokens,
                 num_forwards=1,
                 seconds=seconds,
-                host_seconds=0.0,  # planning and taking ran while a forward did
+                host_seconds=0.0,
                 prefill_share=0.0,
-                overlapped=True,
+                overlapped=overlapped,
             )
         )
-        return ended
 
     def _steps_on_top(self, last: InFlight) -> tuple[Step, ...]:
         """Each live lane of `last` decodes its pending token next, if nothing else needs a
@@ -472,13 +476,21 @@ class Engine:
             lane.request_id in self._device_paused_for for lane in self.running
         )
 
+    def _device_lanes_ready(self, lanes: Sequence[Lane]) -> bool:
+        """These lanes are every running lane, nothing waits, and each is a device lane."""
+        return (
+            not self.waiting
+            and len(lanes) == len(self.running)
+            and all(self._device_lane(lane) for lane in lanes)
+        )
+
     def _device_rounds_due(self) -> bool:
-        """Whether device rounds could start now: not paused, nothing waiting, every running
-        lane a device lane. Then plain overlapped rounds give way to a planned round, and
-        cost-aware k does not stop drafting (device rounds judge their own cost)."""
+        """Whether device rounds could start now: not paused, and the running lanes ready.
+        Then plain overlapped rounds give way to a planned round, and cost-aware k does not
+        stop drafting (device rounds judge their own cost)."""
         if self.device_rounds is None or self._device_paused():
             return False
-        return not self.waiting and all(self._device_lane(lane) for lane in self.running)
+        return self._device_lanes_ready(self.running)
 
     def _reserve_reach(self, lanes: Sequence[Lane]) -> bool:
         """Target blocks for every position the next round may write; False (nothing taken)
@@ -495,16 +507,10 @@ class Engine:
     def _device_rounds_fit(self, plan: LaneRound) -> bool:
         """A planned round the device rounds can take over: decode steps of every running lane,
         nothing waiting or filling, each lane a device lane, and blocks for their reach."""
-        if self.device_rounds is None or plan.prefill or not plan.decode or self.waiting:
-            return False
-        if self._device_paused():
+        if self.device_rounds is None or plan.prefill or not plan.decode or self._device_paused():
             return False
         lanes = [s.lane for s in plan.decode]
-        return (
-            len(lanes) == len(self.running)
-            and all(self._device_lane(lane) for lane in lanes)
-            and self._reserve_reach(lanes)
-        )
+        return self._device_lanes_ready(lanes) and self._reserve_reach(lanes)
 
     def _step_device_rounds(self) -> list[Completion]:
         """Launch the next device round when every lane can go on (same lanes, nothing new
@@ -528,11 +534,7 @@ class Engine:
             self._device_paused_until = self.metrics.num_rounds + pause
             self._device_paused_for = frozenset(lane.request_id for lane in dr.lanes)
         go_on = (
-            verdict == "go"
-            and not self.waiting
-            and len(self.running) == len(dr.lanes)
-            and all(self._device_lane(lane) for lane in dr.lanes)
-            and self._reserve_reach(dr.lanes)
+            verdict == "go" and self._device_lanes_ready(dr.lanes) and self._reserve_reach(dr.lanes)
         )
         return self._device_round(go_on and self._launch_device_round(), self._last_round_end)
 
@@ -549,44 +551,32 @@ class Engine:
     def _device_round(self, launched: bool, start: float) -> list[Completion]:
         """Take what the launch leaves to take, and end the rounds when none was launched."""
         dr = self.device_rounds
-        ended, took = [], False
+        ended, emitted = [], None  # emitted: tokens per lane of the last round taken
         # with overlap one round stays in flight while the host takes the one before it
         while len(dr.pending) > (1 if launched and self._overlap else 0):
-            ended += self._take_device_round()
-            took = True
+            done, emitted = self._take_device_round()
+            ended += done
         if not launched:
             ended += self._stop_device_rounds()
         ended += self._apply_cancellations()
         seconds = self.clock() - start
         self._last_round_end = self.clock()
         if launched:
-            tokens = len(dr.lanes) * (dr.k + 1)
-            if took:
-                self.device_costs.record(self._device_emitted, seconds)
-            self.share.record(0, tokens, seconds)
-            self.metrics.add(
-                RoundRecord(
-                    prefill_tokens=0,
-                    decode_tokens=tokens,
-                    num_forwards=1,
-                    seconds=seconds,
-                    host_seconds=0.0,
-                    prefill_share=0.0,
-                    overlapped=self._overlap,
-                )
-            )
+            if emitted is not None:
+                self.device_costs.record(emitted, seconds)
+            self._record_unplanned_round(len(dr.lanes) * (dr.k + 1), seconds, self._overlap)
         return ended
 
-    def _take_device_round(self) -> list[Completion]:
-        """Mirror the oldest device round into its lanes (skipping lanes that ended since)."""
+    def _take_device_round(self) -> tuple[list[Completion], float | None]:
+        """Mirror the oldest device round into its lanes (skipping lanes that ended since):
+        the lanes that ended, and the round's tokens per live lane (None: no lane was)."""
         dr = self.device_rounds
         results = dr.take()
         now = self.clock()
         ended, emitted = [], []
-        for i, (lane, r) in enumerate(zip(dr.lanes, results, strict=True)):
+        for lane, r in zip(dr.lanes, results, strict=True):
             if lane.is_finished:
                 continue
-            self._device_kept[i] = r.accepted
             emitted.append(r.accepted + 1)
             try:
                 if r.verify_start != lane.num_known - 1:
@@ -607,19 +597,16 @@ class Engine:
                 continue
             if lane.finish_reason is not None:
                 ended.append(self._end(lane, LaneState.DONE))
-        if emitted:  # tokens per lane of the round just taken, for whether they pay
-            self._device_emitted = sum(emitted) / len(emitted)
         self.on_progress()
-        return ended
+        return ended, (sum(emitted) / len(emitted) if emitted else None)
 
     def _stop_device_rounds(self) -> list[Completion]:
         """End the device rounds (none in flight): live lanes' heads take their pending
         features back, and blocks past their known tokens return to the pool."""
         dr = self.device_rounds
-        live = {i: lane for i, lane in enumerate(dr.lanes) if not lane.is_finished}
-        dr.stop({i: self._device_kept[i] for i in live if i in self._device_kept})
-        self._device_kept.clear()
-        for lane in live.values():
+        live = [lane for lane in dr.lanes if not lane.is_finished]
+        dr.stop({i for i, lane in enumerate(dr.lanes) if not lane.is_finished})
+        for lane in live:
             self.cache.release(lane.block_table.truncate(lane.num_known))
             self.proposer.accepted(lane)
         if self._device_rounds_broken:
