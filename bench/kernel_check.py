@@ -23,6 +23,12 @@ LAYERS_8B = {
     "gate_up": (28672, 4096),
     "down": (4096, 14336),
 }
+LAYERS_SMOLLM2 = {  # narrow: 32-column tiles, K = 576 split in 9
+    "smollm2_qkv": (960, 576),
+    "smollm2_o": (576, 576),
+    "smollm2_gate_up": (3072, 576),
+    "smollm2_down": (576, 1536),
+}
 
 
 def check_reference(spec) -> dict:
@@ -49,7 +55,7 @@ def matmul_invariance() -> dict:
     """Row 5 of x computed with M = 1, 37, 128, 4096 rows: equal bits (Triton), and cuBLAS."""
     out = {}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for name, (n, k) in LAYERS_8B.items():
+    for name, (n, k) in {**LAYERS_8B, **LAYERS_SMOLLM2}.items():
         w = torch.randn((n, k), generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
         x = torch.randn((4096, k), generator=gen, device="cuda", dtype=torch.bfloat16)
         ours = [
@@ -60,7 +66,8 @@ def matmul_invariance() -> dict:
             F.linear(x[5:6] if m == 1 else x[:m], w)[0 if m == 1 else 5] for m in (1, 37, 128, 4096)
         ]
         out[name] = {
-            "split_k": matmul.split_for(n, k),
+            "split_k": matmul.split_for(n, k, "cuda"),
+            "block_n": matmul.plan_for(n, k, matmul.target_programs(torch.device("cuda"))).block_n,
             "triton_rows_equal": all(torch.equal(r, ours[0]) for r in ours),
             "cublas_rows_equal": all(torch.equal(r, cublas[0]) for r in cublas),
             "max_abs_vs_cublas": float((ours[-1].float() - cublas[-1].float()).abs().max()),

@@ -6,40 +6,98 @@ from M), each segment summed on its own, the segments then added in ascending or
 
     out = ((seg_0 + seg_1) + seg_2) + ...      seg_s = sum of its BLOCK_K blocks, in order
 
-Small M runs the segments in parallel programs (fp32 partials, then a fixed-order reduce kernel):
-decode needs the parallelism. Large M runs all segments in one program per tile with one
-accumulator each: the same sums, no workspace. Both give the same bits.
+Small M runs the segments in parallel programs: each writes its fp32 partial and counts its
+arrival on the tile's ticket; the last to arrive (whichever it is) adds the partials in ascending
+order and writes the tile, so the reduction costs no second launch and its order never depends on
+timing. Large M runs all segments in one program per tile with one accumulator each: the same
+sums, no workspace. Both give the same bits. Tile width and split come from the weight's shape
+(`plan_for`), never from M.
+
+With `glu`, x is a fused gate/up projection's output [M, 2K] and the row multiplied is
+silu(gate) * up, formed as it is loaded (the MLP's down projection without two elementwise
+launches before it).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from lanes.kernels.common import interpreting
 
-BLOCK_N = 64
 BLOCK_K = 64
 _SMALL_M = 64  # up to this many rows: parallel segments
-_TARGET_PROGRAMS = 264  # about two per SM on an H200 (132 SMs)
+_MAX_SPLIT = 16
+_INTERPRETER_PROGRAMS = 4  # the CPU interpreter runs programs one by one: keep them few
 
 
-def split_for(n: int, k: int) -> int:
-    """Segments of the K reduction for a weight of shape [n, k]: a pure function of the shape."""
-    tiles = triton.cdiv(n, BLOCK_N)
-    split = 1
-    while tiles * split < _TARGET_PROGRAMS and split < 8 and k % (2 * split * BLOCK_K) == 0:
-        split *= 2
-    return split
+@dataclass(frozen=True)
+class Plan:
+    """How a weight of shape [n, k] is tiled on one device: never a function of M."""
+
+    block_n: int  # output columns per program
+    split: int  # segments of the K reduction (divides k / BLOCK_K)
+
+
+@functools.cache
+def target_programs(device: torch.device) -> int:
+    """Programs a decode GEMV should spread over: two per SM (264 on an H200)."""
+    if interpreting() or device.type != "cuda":
+        return _INTERPRETER_PROGRAMS
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def plan_for(n: int, k: int, target: int) -> Plan:
+    """Enough programs to fill the GPU at decode: 64-column tiles unless the weight is too narrow
+    to reach the target even at the largest split, then 32; the smallest split of the K blocks
+    (any divisor, so K = 576 splits in 3 or 9) that reaches the target, else the largest."""
+    blocks = k // BLOCK_K
+    divisors = [d for d in range(1, min(blocks, _MAX_SPLIT) + 1) if blocks % d == 0]
+    block_n = 64
+    if triton.cdiv(n, 64) * divisors[-1] < target:
+        block_n = 32
+    tiles = triton.cdiv(n, block_n)
+    split = next((d for d in divisors if tiles * d >= target), divisors[-1])
+    return Plan(block_n, split)
+
+
+def split_for(n: int, k: int, device: torch.device) -> int:
+    """Segments of the K reduction for a weight of shape [n, k] on this device."""
+    return plan_for(n, k, target_programs(torch.device(device))).split
+
+
+_tickets: dict[torch.device, torch.Tensor] = {}
+
+
+def tickets(device: torch.device, count: int) -> torch.Tensor:
+    """Per-tile arrival counters for the in-kernel split-K reduction, zero between launches (the
+    last program of a tile resets its counter). One buffer per device: kernels on one stream
+    run one after another, so they never share a counter at the same time."""
+    buf = _tickets.get(device)
+    if buf is None or buf.numel() < count:
+        # split-K runs only where a weight has fewer column tiles than the target, so a split
+        # launch needs at most 4 row tiles x that many counters: 16K covers any target < 4K
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("matmul: the split-K tickets must exist before a graph capture")
+        buf = torch.zeros(max(count, 1 << 14), dtype=torch.int32, device=device)
+        _tickets[device] = buf
+    return buf
 
 
 @triton.jit
 def _matmul_kernel(
-    x_ptr,  # [M, K]
+    x_ptr,  # [M, K] (GLU: [M, 2K], gate then up)
     w_ptr,  # [N, K]
     bias_ptr,  # [N] or dummy
-    out_ptr,  # [M, N] (final) or [SPLIT, M, N] fp32 partials
+    out_ptr,  # [M, N]
+    part_ptr,  # [SPLIT, M, N] fp32 partials (PARTIAL) or dummy
+    ticket_ptr,  # [tiles] int32 arrival counters (PARTIAL) or dummy
     M,
     N,
     K,
@@ -47,9 +105,10 @@ def _matmul_kernel(
     stride_wn,
     SEG_K: tl.constexpr,  # K / SPLIT
     SPLIT: tl.constexpr,
-    PARTIAL: tl.constexpr,  # one segment per program, write fp32 partials
+    PARTIAL: tl.constexpr,  # one segment per program; the tile's last arrival reduces
     HAS_BIAS: tl.constexpr,
-    UPCAST: tl.constexpr,  # compute the dot in fp32 (CPU interpreter)
+    GLU: tl.constexpr,  # the input row is silu(gate) * up of a fused gate/up projection
+    UPCAST: tl.constexpr,  # compute in fp32 (fp32 models and the CPU interpreter)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -72,13 +131,22 @@ def _matmul_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(0, SEG_K, BLOCK_K):
             k = s * SEG_K + kb + rk
-            a = tl.load(
-                x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
-            )
+            x_rows = x_ptr + rm[:, None] * stride_xm + k[None, :]
+            a = tl.load(x_rows, mask=mask_m[:, None], other=0.0)
+            if GLU:
+                # torch's bf16 F.silu(gate) * up: silu in fp32 rounded, the product rounded
+                g = a.to(tl.float32)
+                u = tl.load(x_rows + K, mask=mask_m[:, None], other=0.0).to(tl.float32)
+                silu = g / (1.0 + tl.exp(-g))
+                if UPCAST:
+                    a = silu * u
+                else:
+                    silu = silu.to(x_ptr.dtype.element_ty).to(tl.float32)
+                    a = (silu * u).to(x_ptr.dtype.element_ty)
             b = tl.load(
                 w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
             )
-            if UPCAST:  # fp32 models and the CPU interpreter: a true fp32 product, no TF32
+            if UPCAST:  # a true fp32 product, no TF32
                 acc = tl.dot(
                     a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee"
                 )
@@ -86,50 +154,49 @@ def _matmul_kernel(
                 acc = tl.dot(a, tl.trans(b), acc)
         total += acc
     mask = mask_m[:, None] & mask_n[None, :]
+    out_offs = rm[:, None] * N + rn[None, :]
     if PARTIAL:
-        offs = first * M * N + rm[:, None] * N + rn[None, :]
-        tl.store(out_ptr + offs, total, mask=mask)
+        tl.store(part_ptr + first * M * N + out_offs, total, mask=mask)
+        # acq_rel: this program's partial is visible before its arrival is counted, and the
+        # last arrival sees every earlier partial
+        tile = pid_m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT):  # ascending: the same sums as the one-program path
+                total += tl.load(
+                    part_ptr + s * M * N + out_offs, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.atomic_xchg(ticket_ptr + tile, 0)
+            _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
     else:
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(
-            out_ptr + rm[:, None] * N + rn[None, :], total.to(out_ptr.dtype.element_ty), mask=mask
-        )
+        _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
 
 
 @triton.jit
-def _reduce_kernel(
-    part_ptr,  # [SPLIT, M, N] fp32
-    bias_ptr,  # [N] or dummy
-    out_ptr,  # [M, N]
-    MN,
-    N,
-    SPLIT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT):  # ascending: the same order as the single-program path
-        total += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+def _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
-        total += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        total += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant."""
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+def matmul(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, glu: bool = False
+) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant. With glu, x is
+    [M, 2K] (gate | up) and the input row is silu(gate) * up, computed as it is loaded."""
+    width = 2 * w.shape[1] if glu and w.dim() == 2 else w.shape[-1]
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != width:
         raise ValueError(
-            f"matmul needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}"
+            f"matmul needs x [M, {'2K' if glu else 'K'}] and w [N, K], "
+            f"got {tuple(x.shape)} and {tuple(w.shape)}"
         )
     if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"matmul dtypes: x {x.dtype}, w {w.dtype}")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("matmul needs unit stride along K")
-    m, k = x.shape
-    n = w.shape[0]
+    m = x.shape[0]
+    n, k = w.shape
     if k % BLOCK_K:
         raise ValueError(f"K ({k}) must be a multiple of {BLOCK_K}")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
@@ -137,40 +204,51 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    split = split_for(n, k)
-    partial = split > 1 and m <= _SMALL_M
+    plan = plan_for(n, k, target_programs(x.device))
+    partial = plan.split > 1 and m <= _SMALL_M
     # bf16/fp16: tensor-core tiles of 16 and 64 rows give a row the same bits (checked on the
     # H200); fp32 products are FMA loops whose order follows the tile, so fp32 keeps one height.
     block_m = 16 if m <= _SMALL_M or x.dtype == torch.float32 else 64
-    dummy = bias if bias is not None else out
-    grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, BLOCK_N))
-    common = dict(
-        SEG_K=k // split,
-        SPLIT=split,
+    grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, plan.block_n))
+    if partial:
+        parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
+        counters = tickets(x.device, grid_mn[0] * grid_mn[1])
+        grid = (*grid_mn, plan.split)
+    else:
+        parts = counters = out
+        grid = grid_mn
+    _matmul_kernel[grid](
+        x,
+        w,
+        bias if bias is not None else out,
+        out,
+        parts,
+        counters,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        SEG_K=k // plan.split,
+        SPLIT=plan.split,
+        PARTIAL=partial,
         HAS_BIAS=bias is not None,
+        GLU=glu,
         UPCAST=interpreting() or x.dtype == torch.float32,
         BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=plan.block_n,
         BLOCK_K=BLOCK_K,
-    )
-    if not partial:
-        _matmul_kernel[grid_mn](
-            x, w, dummy, out, m, n, k, x.stride(0), w.stride(0), PARTIAL=False, **common
-        )
-        return out
-    parts = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _matmul_kernel[(*grid_mn, split)](
-        x, w, dummy, parts, m, n, k, x.stride(0), w.stride(0), PARTIAL=True, **common
-    )
-    block = 1024
-    _reduce_kernel[(triton.cdiv(m * n, block),)](
-        parts, dummy, out, m * n, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block
     )
     return out
 
 
-def ref_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def ref_matmul(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, glu: bool = False
+) -> torch.Tensor:
     """The same math in plain torch (fp32 accumulation)."""
+    if glu:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
     out = x.float() @ w.float().T
     if bias is not None:
         out = out + bias.float()

@@ -37,6 +37,7 @@ def _matmul_cases(dtype, device, gen):
         (37, 96, 256, True),
         (128, 130, 64, False),
         (5, 512, 1024, True),
+        (3, 96, 576, False),  # K = 9 blocks: a split of 9, 32-column tiles
     ]:
         out.append(
             (
@@ -45,6 +46,9 @@ def _matmul_cases(dtype, device, gen):
                 _rand((n,), dtype, device, gen) if bias else None,
             )
         )
+    for m in (1, 21):  # the MLP's down projection reading silu(gate) * up as it loads
+        x = _rand((m, 2 * 192), dtype, device, gen)
+        out.append((x, _rand((64, 192), dtype, device, gen, 192**-0.5), None, True))
     return out
 
 
@@ -96,6 +100,42 @@ def _kv_ref(k_cache, v_cache, slots, k, v):
     kc, vc = k_cache.clone(), v_cache.clone()
     kv_write.ref_kv_write(kc, vc, slots, k, v)
     return kc, vc
+
+
+def _rope_kv_cases(dtype, device, gen):
+    """Column views of one fused qkv output, as the decoder passes them; with and without the
+    per-head norms (Qwen3)."""
+    out = []
+    for t, hq, hkv, d, s, norm in [(1, 4, 2, 16, 32, False), (13, 6, 2, 64, 64, True)]:
+        qkv = _rand((t, (hq + 2 * hkv) * d), dtype, device, gen)
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        ang = torch.rand((t, d // 2), generator=gen) * 6.28
+        norms = (_rand((d,), dtype, device, gen), _rand((d,), dtype, device, gen)) if norm else None
+        out.append(
+            (
+                q.view(t, hq, d),
+                k.view(t, hkv, d),
+                v.view(t, hkv, d),
+                ang.cos().to(device),
+                ang.sin().to(device),
+                torch.zeros((s, hkv, d), dtype=dtype, device=device),
+                torch.zeros((s, hkv, d), dtype=dtype, device=device),
+                torch.randperm(s, generator=gen)[:t].to(device),
+                norms,
+                1e-6,
+            )
+        )
+    return out
+
+
+def _rope_kv_run(q, k, v, cos, sin, k_cache, v_cache, slots, norms, eps):
+    kc, vc = k_cache.clone(), v_cache.clone()
+    return rope.rope_kv_write(q, k, v, cos, sin, kc, vc, slots, norms, eps), kc, vc
+
+
+def _rope_kv_ref(q, k, v, cos, sin, k_cache, v_cache, slots, norms, eps):
+    kc, vc = k_cache.clone(), v_cache.clone()
+    return rope.ref_rope_kv_write(q, k, v, cos, sin, kc, vc, slots, norms, eps), kc, vc
 
 
 def attention_case(dtype, device, gen, lanes, hq, hkv, d, num_slots=512):
@@ -156,7 +196,8 @@ REGISTRY: list[KernelSpec] = [
         matmul.ref_matmul,
         (torch.float32, torch.bfloat16, torch.float16),
         True,
-        "K a multiple of 64; x [M, K], w [N, K] unit stride on K; split-K fixed by (N, K)",
+        "K a multiple of 64; x [M, K] (glu: [M, 2K]), w [N, K] unit stride on K; tile width and "
+        "split-K fixed by (N, K), reduced in-kernel by the last arrival",
         _LOW,
         _matmul_cases,
     ),
@@ -179,6 +220,17 @@ REGISTRY: list[KernelSpec] = [
         "x [T, H, D] contiguous, D even; cos/sin float32 [T, D/2]",
         _LOW,
         _rope_cases,
+    ),
+    KernelSpec(
+        "rope_kv_write",
+        _rope_kv_run,
+        _rope_kv_ref,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "q, k, v [T, H, D] with heads contiguous in a row (views of a fused qkv); D even; "
+        "one program per token and head",
+        _LOW,
+        _rope_kv_cases,
     ),
     KernelSpec(
         "kv_write",

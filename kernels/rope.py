@@ -57,3 +57,164 @@ def ref_rope(x, cos, sin):
     x1, x2 = xf[..., :half], xf[..., half:]
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+@triton.jit
+def _rope_head(
+    src,
+    dst,
+    cos_ptr,
+    sin_ptr,
+    norm_ptr,
+    eps,
+    D,
+    NORM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One head [D]: optional RMSNorm (fp32, rounded to the dtype, times the weight), then the
+    rotation, stored at dst."""
+    i = tl.arange(0, BLOCK)
+    mask = i < HALF
+    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        inv = tl.math.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+        w1 = tl.load(norm_ptr + i, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(norm_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+        x1 = (w1 * (x1 * inv).to(dst.dtype.element_ty).to(tl.float32)).to(dst.dtype.element_ty)
+        x2 = (w2 * (x2 * inv).to(dst.dtype.element_ty).to(tl.float32)).to(dst.dtype.element_ty)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    c = tl.load(cos_ptr + i, mask=mask, other=0.0)
+    s = tl.load(sin_ptr + i, mask=mask, other=0.0)
+    tl.store(dst + i, (x1 * c - x2 * s).to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + i, (x2 * c + x1 * s).to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kv_write_kernel(
+    q_ptr,  # [T, HQ, D], rows stride_q apart
+    k_ptr,  # [T, HKV, D], rows stride_k apart
+    v_ptr,  # [T, HKV, D], rows stride_v apart
+    cos_ptr,  # [T, D/2] fp32
+    sin_ptr,  # [T, D/2] fp32
+    q_norm_ptr,  # [D] or dummy
+    k_norm_ptr,  # [D] or dummy
+    slots_ptr,  # [T] int64
+    q_out_ptr,  # [T, HQ, D]
+    k_cache_ptr,  # [S, HKV, D]
+    v_cache_ptr,  # [S, HKV, D]
+    stride_q,
+    stride_k,
+    stride_v,
+    HQ,
+    HKV,
+    eps,
+    NORM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)  # query heads first, then key/value heads
+    D = 2 * HALF
+    cos_row = cos_ptr + t * HALF
+    sin_row = sin_ptr + t * HALF
+    if h < HQ:
+        _rope_head(
+            q_ptr + t * stride_q + h * D,
+            q_out_ptr + (t * HQ + h) * D,
+            cos_row,
+            sin_row,
+            q_norm_ptr,
+            eps,
+            D,
+            NORM,
+            HALF,
+            BLOCK,
+        )
+    else:
+        hk = h - HQ
+        row = (tl.load(slots_ptr + t) * HKV + hk) * D
+        _rope_head(
+            k_ptr + t * stride_k + hk * D,
+            k_cache_ptr + row,
+            cos_row,
+            sin_row,
+            k_norm_ptr,
+            eps,
+            D,
+            NORM,
+            HALF,
+            BLOCK,
+        )
+        d = tl.arange(0, 2 * BLOCK)
+        mask = d < D
+        tl.store(v_cache_ptr + row + d, tl.load(v_ptr + t * stride_v + hk * D + d, mask=mask), mask)
+
+
+def _heads_view(x: torch.Tensor, name: str) -> None:
+    check(
+        x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2],
+        f"{name} must be [T, H, D] with heads contiguous in a row, got {tuple(x.shape)} "
+        f"strides {x.stride()}",
+    )
+
+
+def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, slots, norms=None, eps: float = 0.0):
+    """The attention inputs in one launch: q and k rotated (each head RMSNorm-ed first when
+    norms = (q_norm, k_norm)), k and v stored at their slots of the caches, q returned
+    [T, HQ, D]. q, k, v may be column views of one fused projection's output."""
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        _heads_view(x, name)
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    check(k.shape == v.shape == (t, hkv, d), "k and v must be [T, HKV, D] like q's T and D")
+    check(k_cache.shape[1:] == (hkv, d) and v_cache.shape == k_cache.shape, "caches [S, HKV, D]")
+    check(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+    check(q.dtype == k.dtype == v.dtype == k_cache.dtype, "q, k, v and caches share one dtype")
+    check(d % 2 == 0 and cos.shape == (t, d // 2) and sin.shape == (t, d // 2), "cos/sin [T, D/2]")
+    check(cos.dtype == torch.float32 and sin.dtype == torch.float32, "cos, sin must be float32")
+    check(slots.dtype == torch.int64 and slots.shape == (t,), "slots must be int64 [T]")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t:
+        q_norm, k_norm = norms if norms is not None else (out, out)
+        _rope_kv_write_kernel[(t, hq + hkv)](
+            q,
+            k,
+            v,
+            cos,
+            sin,
+            q_norm,
+            k_norm,
+            slots,
+            out,
+            k_cache,
+            v_cache,
+            q.stride(0),
+            k.stride(0),
+            v.stride(0),
+            hq,
+            hkv,
+            eps,
+            NORM=norms is not None,
+            HALF=d // 2,
+            BLOCK=triton.next_power_of_2(d // 2),
+        )
+    return out
+
+
+def ref_rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, slots, norms=None, eps: float = 0.0):
+    """The unfused steps: (norms,) rope, index_copy into the caches."""
+    if norms is not None:
+        q, k = (_ref_head_norm(x, w, eps) for x, w in zip((q, k), norms, strict=True))
+    k_cache.index_copy_(0, slots, ref_rope(k, cos, sin))
+    v_cache.index_copy_(0, slots, v.contiguous())
+    return ref_rope(q, cos, sin)
+
+
+def _ref_head_norm(x, weight, eps):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight.float() * y.float()).to(x.dtype)

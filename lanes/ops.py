@@ -73,6 +73,32 @@ class Ops:
         k_cache.index_copy_(0, slots, k)
         v_cache.index_copy_(0, slots, v)
 
+    def glu_linear(self, gate_up: torch.Tensor, weight) -> torch.Tensor:
+        """The MLP's down projection of a fused gate/up output [rows, 2I]: linear(silu(gate) *
+        up, weight)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, weight)
+
+    def attention_inputs(
+        self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim: int, norms=None, eps=0.0
+    ) -> torch.Tensor:
+        """Per-head RMSNorm of q and k when norms = (q_norm, k_norm), RoPE on each head's first
+        rope_dim dims, k and v written at their slots; returns q [T, HQ, D]. q, k, v [T, H, D]
+        may be column views of one fused projection's output."""
+        d = q.shape[-1]
+        if norms is not None:
+            q = self.rms_norm(q.reshape(-1, d), norms[0], eps).view(q.shape)
+            k = self.rms_norm(k.reshape(-1, d), norms[1], eps).view(k.shape)
+        q, k = self._partial_rope(q, cos, sin, rope_dim), self._partial_rope(k, cos, sin, rope_dim)
+        self.write_kv(k_cache, v_cache, slots, k, v.contiguous())
+        return q
+
+    def _partial_rope(self, x, cos, sin, rope_dim: int) -> torch.Tensor:
+        if rope_dim == x.shape[-1]:
+            return self.rope(x.contiguous(), cos, sin)
+        head = self.rope(x[..., :rope_dim].contiguous(), cos, sin)
+        return torch.cat([head, x[..., rope_dim:]], dim=-1)
+
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary embedding, rotate-half layout: x [tokens, heads, head_dim]; cos, sin
         [tokens, head_dim / 2]. Elementwise, hence batch-invariant."""

@@ -9,8 +9,9 @@ from lanes.kernels.attention import make_meta, paged_attention
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.matmul import matmul
 from lanes.kernels.rmsnorm import add_rms_norm
-from lanes.kernels.rope import rope
+from lanes.kernels.rope import rope, rope_kv_write
 from lanes.ops import Ops
+from lanes.packed import PackedWeight
 
 
 class TritonOps(Ops):
@@ -24,6 +25,18 @@ class TritonOps(Ops):
 
     def _linear(self, x, weight, bias=None):
         return matmul(x.contiguous(), weight, bias)
+
+    def glu_linear(self, gate_up, weight):
+        if isinstance(weight, PackedWeight):
+            return super().glu_linear(gate_up, weight)
+        return matmul(gate_up.contiguous(), weight, glu=True)
+
+    def attention_inputs(self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps):
+        if rope_dim != q.shape[-1]:  # partial RoPE (Qwen3.5): the unfused steps
+            return super().attention_inputs(
+                q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps
+            )
+        return rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, slots, norms, eps)
 
     def rms_norm(self, x, weight, eps):
         return add_rms_norm(x.contiguous(), None, weight, eps)[1]

@@ -4,7 +4,6 @@ hybrids) over a flat paged batch."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lanes.batch import ForwardBatch
 from lanes.cache.kv_pool import KVPool
@@ -67,8 +66,7 @@ class Decoder:
             if layer.router is not None:
                 down = moe_mlp(ops, x, layer, cfg)
             else:
-                gate, up = ops.linear(x, layer.gate_up).chunk(2, dim=-1)
-                down = self._reduce(ops.linear(F.silu(gate) * up, layer.down))
+                down = self._reduce(ops.glu_linear(ops.linear(x, layer.gate_up), layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
             residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
             if self.feature_layers is not None and i in self.feature_layers:
@@ -89,22 +87,15 @@ class Decoder:
         q = q.reshape(n, cfg.num_heads, d)
         k = k.reshape(n, cfg.num_kv_heads, d)
         v = v.reshape(n, cfg.num_kv_heads, d)
-        if cfg.qk_norm:
-            q = ops.rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(q.shape)
-            k = ops.rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(k.shape)
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         k_cache, v_cache = kv.k[pool_layer], kv.v[pool_layer]
-        ops.write_kv(k_cache, v_cache, batch.slot_mapping, k, v.contiguous())
+        norms = (layer.q_norm, layer.k_norm) if cfg.qk_norm else None
+        q = ops.attention_inputs(
+            q, k, v, cos, sin, k_cache, v_cache, batch.slot_mapping, cfg.rope_dim, norms, eps
+        )
         attn = ops.attention(q, k_cache, v_cache, batch).reshape(n, cfg.q_size)
         if gate:
             attn = attn * torch.sigmoid(gate[0])
         return ops.linear(attn, layer.o)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        r = self.cfg.rope_dim
-        if r == x.shape[-1]:
-            return self.ops.rope(x.contiguous(), cos, sin)
-        return torch.cat([self.ops.rope(x[..., :r].contiguous(), cos, sin), x[..., r:]], dim=-1)
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return partial if self.comm is None else self.comm.all_reduce(partial)
