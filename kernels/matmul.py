@@ -103,7 +103,9 @@ def _matmul_kernel(
     K,
     stride_xm,
     stride_wn,
-    SEG_K: tl.constexpr,  # K / SPLIT
+    SEG_K,  # K / SPLIT: a runtime value, so a one-block segment is still a loop (a constant
+    # one-iteration loop lets Triton fold `total += dot(a, b, 0)` into `dot(a, b, total)`, which
+    # rounds differently from the partials' separate sums)
     SPLIT: tl.constexpr,
     PARTIAL: tl.constexpr,  # one segment per program; the tile's last arrival reduces
     HAS_BIAS: tl.constexpr,
@@ -157,8 +159,9 @@ def _matmul_kernel(
     out_offs = rm[:, None] * N + rn[None, :]
     if PARTIAL:
         tl.store(part_ptr + first * M * N + out_offs, total, mask=mask)
-        # acq_rel: this program's partial is visible before its arrival is counted, and the
-        # last arrival sees every earlier partial
+        # every thread's share of the partial is stored (the barrier) before one thread counts
+        # the arrival with release semantics; the last arrival acquires, so it sees them all
+        tl.debug_barrier()
         tile = pid_m * tl.num_programs(1) + pid_n
         arrived = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
         if arrived == SPLIT - 1:
