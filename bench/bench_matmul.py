@@ -55,12 +55,10 @@ def shape_times(n: int, k: int, rows: list[int], target: int) -> dict:
     splits = [s for s in (1, 2, 4, 8) if s != plan.split and (k // matmul.BLOCK_K) % s == 0]
     out = {}
     for m in rows:
-        x = torch.randn((m, 2 * k), device="cuda", dtype=torch.bfloat16)
-        plain = x[:, :k].contiguous()
+        plain = torch.randn((m, k), device="cuda", dtype=torch.bfloat16)
         row = {"plan": [plan.block_n, plan.split], "weight_MB": n * k * 2 / 1e6}
         row["cublas_us"] = graph_us(lambda p=plain: F.linear(p, w))
         row["plan_us"] = graph_us(lambda p=plain: matmul.matmul(p, w))
-        row["glu_us"] = graph_us(lambda g=x: matmul.matmul(g, w, glu=True))
         for split in splits:
             run = forced(matmul.Plan(plan.block_n, split))
             row[f"split{split}_us"] = graph_us(lambda r=run, p=plain: r(p, w))

@@ -12,10 +12,6 @@ order and writes the tile, so the reduction costs no second launch and its order
 timing. Large M runs all segments in one program per tile with one accumulator each: the same
 sums, no workspace. Both give the same bits. Tile width and split come from the weight's shape
 (`plan_for`), never from M.
-
-With `glu`, x is a fused gate/up projection's output [M, 2K] and the row multiplied is
-silu(gate) * up, formed as it is loaded (the MLP's down projection without two elementwise
-launches before it).
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -33,6 +28,9 @@ from lanes.kernels.common import interpreting
 BLOCK_K = 64
 _SMALL_M = 64  # up to this many rows: parallel segments
 _MAX_SPLIT = 16
+# a segment shorter than this costs more in partials and arrival counting than its parallelism
+# buys (H200, bench_matmul: SmolLM2's K = 576 weights run fastest unsplit)
+_MIN_SEGMENT_BLOCKS = 4
 _INTERPRETER_PROGRAMS = 4  # the CPU interpreter runs programs one by one: keep them few
 
 
@@ -56,9 +54,11 @@ def target_programs(device: torch.device) -> int:
 def plan_for(n: int, k: int, target: int) -> Plan:
     """Enough programs to fill the GPU at decode: 64-column tiles unless the weight is too narrow
     to reach the target even at the largest split, then 32; the smallest split of the K blocks
-    (any divisor, so K = 576 splits in 3 or 9) that reaches the target, else the largest."""
+    (any divisor leaving segments of at least _MIN_SEGMENT_BLOCKS, so K = 14336 splits in 7)
+    that reaches the target, else the largest."""
     blocks = k // BLOCK_K
-    divisors = [d for d in range(1, min(blocks, _MAX_SPLIT) + 1) if blocks % d == 0]
+    most = max(1, min(blocks // _MIN_SEGMENT_BLOCKS, _MAX_SPLIT))
+    divisors = [d for d in range(1, most + 1) if blocks % d == 0]
     block_n = 64
     if triton.cdiv(n, 64) * divisors[-1] < target:
         block_n = 32
@@ -92,7 +92,7 @@ def tickets(device: torch.device, count: int) -> torch.Tensor:
 
 @triton.jit
 def _matmul_kernel(
-    x_ptr,  # [M, K] (GLU: [M, 2K], gate then up)
+    x_ptr,  # [M, K]
     w_ptr,  # [N, K]
     bias_ptr,  # [N] or dummy
     out_ptr,  # [M, N]
@@ -109,7 +109,6 @@ def _matmul_kernel(
     SPLIT: tl.constexpr,
     PARTIAL: tl.constexpr,  # one segment per program; the tile's last arrival reduces
     HAS_BIAS: tl.constexpr,
-    GLU: tl.constexpr,  # the input row is silu(gate) * up of a fused gate/up projection
     UPCAST: tl.constexpr,  # compute in fp32 (fp32 models and the CPU interpreter)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -133,18 +132,9 @@ def _matmul_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(0, SEG_K, BLOCK_K):
             k = s * SEG_K + kb + rk
-            x_rows = x_ptr + rm[:, None] * stride_xm + k[None, :]
-            a = tl.load(x_rows, mask=mask_m[:, None], other=0.0)
-            if GLU:
-                # torch's bf16 F.silu(gate) * up: silu in fp32 rounded, the product rounded
-                g = a.to(tl.float32)
-                u = tl.load(x_rows + K, mask=mask_m[:, None], other=0.0).to(tl.float32)
-                silu = g / (1.0 + tl.exp(-g))
-                if UPCAST:
-                    a = silu * u
-                else:
-                    silu = silu.to(x_ptr.dtype.element_ty).to(tl.float32)
-                    a = (silu * u).to(x_ptr.dtype.element_ty)
+            a = tl.load(
+                x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
+            )
             b = tl.load(
                 w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
             )
@@ -183,23 +173,18 @@ def _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: 
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def matmul(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, glu: bool = False
-) -> torch.Tensor:
-    """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant. With glu, x is
-    [M, 2K] (gate | up) and the input row is silu(gate) * up, computed as it is loaded."""
-    width = 2 * w.shape[1] if glu and w.dim() == 2 else w.shape[-1]
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != width:
+def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
-            f"matmul needs x [M, {'2K' if glu else 'K'}] and w [N, K], "
-            f"got {tuple(x.shape)} and {tuple(w.shape)}"
+            f"matmul needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}"
         )
     if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"matmul dtypes: x {x.dtype}, w {w.dtype}")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("matmul needs unit stride along K")
-    m = x.shape[0]
-    n, k = w.shape
+    m, k = x.shape
+    n = w.shape[0]
     if k % BLOCK_K:
         raise ValueError(f"K ({k}) must be a multiple of {BLOCK_K}")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
@@ -210,8 +195,9 @@ def matmul(
     plan = plan_for(n, k, target_programs(x.device))
     partial = plan.split > 1 and m <= _SMALL_M
     # bf16/fp16: tensor-core tiles of 16 and 64 rows give a row the same bits (checked on the
-    # H200); fp32 products are FMA loops whose order follows the tile, so fp32 keeps one height.
-    block_m = 16 if m <= _SMALL_M or x.dtype == torch.float32 else 64
+    # H200, bench.kernel_check), so 17-64 rows read each weight tile once, in one 64-row tile;
+    # fp32 products are FMA loops whose order follows the tile, so fp32 keeps one height.
+    block_m = 16 if m <= 16 or x.dtype == torch.float32 else 64
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, plan.block_n))
     if partial:
         parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
@@ -236,7 +222,6 @@ def matmul(
         SPLIT=plan.split,
         PARTIAL=partial,
         HAS_BIAS=bias is not None,
-        GLU=glu,
         UPCAST=interpreting() or x.dtype == torch.float32,
         BLOCK_M=block_m,
         BLOCK_N=plan.block_n,
@@ -245,13 +230,8 @@ def matmul(
     return out
 
 
-def ref_matmul(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, glu: bool = False
-) -> torch.Tensor:
+def ref_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same math in plain torch (fp32 accumulation)."""
-    if glu:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
     out = x.float() @ w.float().T
     if bias is not None:
         out = out + bias.float()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lanes.kernels import attention, kv_write, matmul, rmsnorm, rope, sampling
+from lanes.kernels import activation, attention, kv_write, matmul, rmsnorm, rope, sampling
 
 Case = tuple  # positional arguments for both the kernel and its reference
 
@@ -37,7 +37,7 @@ def _matmul_cases(dtype, device, gen):
         (37, 96, 256, True),
         (128, 130, 64, False),
         (5, 512, 1024, True),
-        (3, 96, 576, False),  # K = 9 blocks: a split of 9, 32-column tiles
+        (3, 96, 1024, False),  # narrow: 32-column tiles, split K
     ]:
         out.append(
             (
@@ -46,10 +46,11 @@ def _matmul_cases(dtype, device, gen):
                 _rand((n,), dtype, device, gen) if bias else None,
             )
         )
-    for m in (1, 21):  # the MLP's down projection reading silu(gate) * up as it loads
-        x = _rand((m, 2 * 192), dtype, device, gen)
-        out.append((x, _rand((64, 192), dtype, device, gen, 192**-0.5), None, True))
     return out
+
+
+def _silu_mul_cases(dtype, device, gen):
+    return [(_rand((m, 2 * i), dtype, device, gen, 3.0),) for m, i in [(1, 64), (7, 1500)]]
 
 
 def _norm_cases(dtype, device, gen):
@@ -196,10 +197,20 @@ REGISTRY: list[KernelSpec] = [
         matmul.ref_matmul,
         (torch.float32, torch.bfloat16, torch.float16),
         True,
-        "K a multiple of 64; x [M, K] (glu: [M, 2K]), w [N, K] unit stride on K; tile width and "
+        "K a multiple of 64; x [M, K], w [N, K] unit stride on K; tile width and "
         "split-K fixed by (N, K), reduced in-kernel by the last arrival",
         _LOW,
         _matmul_cases,
+    ),
+    KernelSpec(
+        "silu_mul",
+        activation.silu_mul,
+        activation.ref_silu_mul,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "gate_up [M, 2I] contiguous; elementwise",
+        _LOW,
+        _silu_mul_cases,
     ),
     KernelSpec(
         "add_rms_norm",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lanes.batch import ForwardBatch
+from lanes.kernels.activation import silu_mul
 from lanes.kernels.attention import make_meta, paged_attention
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.matmul import matmul
@@ -29,7 +30,7 @@ class TritonOps(Ops):
     def glu_linear(self, gate_up, weight):
         if isinstance(weight, PackedWeight):
             return super().glu_linear(gate_up, weight)
-        return matmul(gate_up.contiguous(), weight, glu=True)
+        return matmul(silu_mul(gate_up.contiguous()), weight)
 
     def attention_inputs(self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps):
         if rope_dim != q.shape[-1]:  # partial RoPE (Qwen3.5): the unfused steps
