@@ -12,7 +12,6 @@ set by the batch.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lanes.config import ModelConfig
 from lanes.models.weights import LayerWeights
@@ -41,15 +40,14 @@ def moe_mlp(ops: Ops, x: torch.Tensor, layer: LayerWeights, cfg: ModelConfig) ->
     chosen = experts.reshape(-1)
     for e in torch.unique(chosen).tolist():  # a host read: the experts this batch uses
         slots = (chosen == e).nonzero().squeeze(1)
-        gate, up = ops.linear(x[slots // k], layer.experts_gate_up[e]).chunk(2, dim=-1)
-        outputs[slots] = ops.linear(F.silu(gate) * up, layer.experts_down[e])
+        gate_up = ops.linear(x[slots // k], layer.experts_gate_up[e])
+        outputs[slots] = ops.glu_linear(gate_up, layer.experts_down[e])
     outputs = outputs.view(n, k, -1)
     total = outputs[:, 0] * weights[:, :1]
     for j in range(1, k):  # the token's own order: best expert first
         total = total + outputs[:, j] * weights[:, j : j + 1]
     if layer.shared_gate_up is not None:  # Qwen3.5-MoE: + sigmoid(gate) * a shared SiLU MLP
-        gate, up = ops.linear(x, layer.shared_gate_up).chunk(2, dim=-1)
-        shared = ops.linear(F.silu(gate) * up, layer.shared_down)  # [n, hidden]
+        shared = ops.glu_linear(ops.linear(x, layer.shared_gate_up), layer.shared_down)
         # the gate's sigmoid over a full row per token, not one value per token: a row's bits
         # must not depend on where in the tensor it sits (vectorised vs scalar tails)
         scale = torch.sigmoid(ops.linear(x, layer.shared_gate).expand_as(shared))
