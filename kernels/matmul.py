@@ -10,8 +10,9 @@ Small M runs the segments in parallel programs: each writes its fp32 partial and
 arrival on the tile's ticket; the last to arrive (whichever it is) adds the partials in ascending
 order and writes the tile, so the reduction costs no second launch and its order never depends on
 timing. Large M runs all segments in one program per tile with one accumulator each: the same
-sums, no workspace. Both give the same bits. Tile width and split come from the weight's shape
-(`plan_for`), never from M.
+sums, no workspace. Both give the same bits. The split comes from the weight's shape
+(`plan_for`), never from M; tile sizes only move a row between tensor-core tiles, which leaves its
+bits alone (checked on the H200), so prefill runs larger tiles than decode.
 """
 
 from __future__ import annotations
@@ -194,11 +195,17 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         return out
     plan = plan_for(n, k, target_programs(x.device))
     partial = plan.split > 1 and m <= _SMALL_M
-    # bf16/fp16: tensor-core tiles of 16 and 64 rows give a row the same bits (checked on the
-    # H200, bench.kernel_check), so 17-64 rows read each weight tile once, in one 64-row tile;
-    # fp32 products are FMA loops whose order follows the tile, so fp32 keeps one height.
-    block_m = 16 if m <= 16 or x.dtype == torch.float32 else 64
-    grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, plan.block_n))
+    # bf16/fp16: tensor-core tiles of 16, 64 and 128 rows and of 32-128 columns give a row the
+    # same bits (checked on the H200: bench.kernel_check, bench_prefill_tiles), so 17-64 rows
+    # read each weight tile once, in one 64-row tile, and prefill runs 128 x 128 tiles with
+    # deeper pipelining; fp32 products are FMA loops whose order follows the tile, so fp32 keeps
+    # one tile shape.
+    launch = {}
+    block_m, block_n = 16 if m <= 16 or x.dtype == torch.float32 else 64, plan.block_n
+    if not partial and m > _SMALL_M and x.dtype != torch.float32 and not interpreting():
+        block_m, block_n = 128, 128
+        launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
+    grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     if partial:
         parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
         counters = tickets(x.device, grid_mn[0] * grid_mn[1])
@@ -224,10 +231,18 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         HAS_BIAS=bias is not None,
         UPCAST=interpreting() or x.dtype == torch.float32,
         BLOCK_M=block_m,
-        BLOCK_N=plan.block_n,
+        BLOCK_N=block_n,
         BLOCK_K=BLOCK_K,
+        **launch,
     )
     return out
+
+
+@functools.cache
+def _prefill_stages(device: torch.device) -> int:
+    """Pipeline stages for the 128 x 128 prefill tiles: 4 (128 KB of shared memory) where Hopper's
+    228 KB allow it, 2 elsewhere."""
+    return 4 if torch.cuda.get_device_capability(device)[0] >= 9 else 2
 
 
 def ref_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
