@@ -206,12 +206,13 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         block_m, block_n = 128, 128
         launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    # asked on every call, so the first matmul on a device (eager, before any graph) makes them
+    counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0)
     if partial:
         parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
-        counters = tickets(x.device, grid_mn[0] * grid_mn[1])
         grid = (*grid_mn, plan.split)
     else:
-        parts = counters = out
+        parts = out
         grid = grid_mn
     _matmul_kernel[grid](
         x,

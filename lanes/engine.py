@@ -33,6 +33,7 @@ from lanes.draft_costs import (
     DraftCosts,
 )
 from lanes.drafter import Proposer
+from lanes.grammar import GrammarCompiler, apply_mask
 from lanes.inflight import InFlight, launch_greedy
 from lanes.lane import Lane, LaneState
 from lanes.metrics import EngineMetrics, RoundRecord
@@ -134,6 +135,7 @@ class Engine:
         self.share = ShareAllocator(cfg.prefill_share, bs, cfg.max_tokens_per_round)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        self._grammars: GrammarCompiler | None = None
         self.proposer = proposer
         if self._observing:  # the target keeps the features this drafter reads
             self.runner.decoder.feature_layers = self.proposer.target_feature_layers
@@ -240,6 +242,12 @@ class Engine:
                 f"the prompt has {len(ids)} tokens; the KV cache holds "
                 f"{self.pool.num_blocks * self.config.block_size} (raise kv_cache_bytes)"
             )
+        cursor = None
+        if params.grammar is not None:  # compiled here, so a bad schema is this request's error
+            try:
+                cursor = self.grammars.cursor(params.grammar)
+            except ValueError as e:
+                raise RequestError(str(e)) from e
         return Lane(
             request_id=next(self._ids),
             prompt_ids=ids,
@@ -248,6 +256,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
             cache_salt=cache_salt,
             arrival_time=self.clock(),
+            grammar_cursor=cursor,
         )
 
     def has_work(self) -> bool:
@@ -771,6 +780,15 @@ class Engine:
             by_row[0][r], by_row[1][r] = int(values[0][i]), values[1][i]
         return by_row, steps
 
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Structured outputs' matchers for this engine's tokenizer (built at first use)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self.tokenizer.to_json(), self.model_config.vocab_size, self.eos_token_ids
+            )
+        return self._grammars
+
     def _verify_on_host(
         self, s: Step, rows: torch.Tensor
     ) -> list[tuple[int, float, list[tuple[int, float]] | None]]:
@@ -782,9 +800,13 @@ class Engine:
             stops = frozenset(p.stop_token_ids) | (
                 frozenset() if p.ignore_eos else self.eos_token_ids
             )
+            cursor = lane.grammar_cursor  # made with the lane (make_lane)
 
             def process(j: int, row: torch.Tensor) -> torch.Tensor:
-                return process_logits(row, p, lane.prompt_ids, self._row_history(s, j), stops)
+                history = self._row_history(s, j)
+                if cursor is not None:  # the grammar first: min_p then sees allowed tokens only
+                    row = apply_mask(row, cursor.allowed(history))
+                return process_logits(row, p, lane.prompt_ids, history, stops)
 
         emitted = verify(
             self.config.verify_mode,

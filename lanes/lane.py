@@ -10,6 +10,7 @@ from lanes.cache.block_table import BlockTable
 
 if TYPE_CHECKING:
     from lanes.detokenize import IncrementalDetokenizer
+    from lanes.grammar import GrammarCursor
     from lanes.sampling import SamplingParams
 
 
@@ -49,6 +50,7 @@ class Lane:
     num_verify_steps: int = 0  # target steps that checked drafts
     num_sampling_steps: int = 0  # target steps that yielded tokens (drafted or not)
     acceptance_ema: float = 0.8  # running per-token acceptance, for adaptive k
+    grammar_cursor: GrammarCursor | None = None  # structured outputs: the grammar's matcher
 
     @property
     def num_known(self) -> int:

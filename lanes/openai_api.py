@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from lanes.grammar import Grammar
 from lanes.sampling import SamplingParams
 
 # Limits on one request, so no request can cost unbounded engine or host time (docs/serving.md).
@@ -48,14 +49,11 @@ _UNSUPPORTED = {
     "best_of": None,
     "suffix": None,
     "echo": False,
-    # what vLLM and OpenAI clients send for structured outputs and sampling extras
-    "response_format": {"type": "text"},
-    "structured_outputs": None,
-    "guided_json": None,
-    "guided_regex": None,
-    "guided_choice": None,
+    # vLLM's grammar formats (EBNF / Lark): structured outputs take a schema, regex or choices
     "guided_grammar": None,
 }
+_GRAMMAR_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                   "guided_choice")  # fmt: skip
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 
 
@@ -231,6 +229,7 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
             min_p=_get(body, "min_p", float, 0.0),
             min_tokens=_get(body, "min_tokens", int, 0),
             logit_bias=_logit_bias(body.get("logit_bias")),
+            grammar=_grammar(body),
         )
     except ValueError as e:
         raise ApiError(str(e)) from e
@@ -244,6 +243,64 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
         cache_salt=salt,
         logprobs=logprobs,
         max_tokens_given=max_tokens is not None,
+    )
+
+
+def _grammar(body: dict) -> Grammar | None:
+    """The structured output a request asks for: OpenAI's response_format (json_object,
+    json_schema), vLLM's structured_outputs (json, regex, choice) or its older guided_* fields;
+    at most one of them."""
+    given = [f for f in _GRAMMAR_FIELDS if body.get(f) not in (None, {"type": "text"}, {})]
+    if len(given) > 1:
+        raise ApiError(f"give one structured output, not {' and '.join(given)}", given[1])
+    if not given:
+        return None
+    name, value = given[0], body[given[0]]
+    if name == "response_format":
+        return _response_format(value)
+    if name == "structured_outputs":
+        if not isinstance(value, dict):
+            raise ApiError("'structured_outputs' must be an object", name)
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if value.get(k) is not None]
+        if len(kinds) != 1:
+            raise ApiError("'structured_outputs' takes exactly one of json, regex, choice", name)
+        name, value = f"structured_outputs.{kinds[0]}", value[kinds[0]]
+    kind = name.split("_")[-1].split(".")[-1]
+    if kind == "grammar":
+        raise ApiError(f"'{name}' (EBNF/Lark) is not supported: use json, regex or choice", name)
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise ApiError(f"'{name}' is not a JSON schema: {str(e)[:100]}", name) from e
+        if not isinstance(value, dict):
+            raise ApiError(f"'{name}' must be a JSON schema object", name)
+        return Grammar.json_schema(value)
+    if kind == "regex":
+        if not isinstance(value, str) or not value:
+            raise ApiError(f"'{name}' must be a non-empty string", name)
+        return Grammar("regex", value)
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+        raise ApiError(f"'{name}' must be a non-empty list of strings", name)
+    return Grammar.choice(value)
+
+
+def _response_format(value: Any) -> Grammar | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return Grammar.json_schema({"type": "object"})
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(
+                "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
+                "response_format",
+            )
+        return Grammar.json_schema(schema)
+    raise ApiError(
+        "'response_format' type must be text, json_object or json_schema", "response_format"
     )
 
 

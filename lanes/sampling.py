@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lanes.grammar import Grammar
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -36,6 +38,7 @@ class SamplingParams:
     min_p: float = 0.0  # [0, 1]
     min_tokens: int = 0  # EOS and stop_token_ids held back until this many tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    grammar: Grammar | None = None  # structured output: what the text must match
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -65,6 +68,9 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if any(t < 0 or not -100 <= b <= 100 for t, b in self.logit_bias):
             raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+        if self.grammar is not None and self.min_tokens:
+            # a finished grammar allows only EOS, which min_tokens would hold back
+            raise ValueError("min_tokens cannot be combined with a structured output")
 
     @property
     def is_greedy(self) -> bool:
@@ -72,9 +78,11 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether penalties, logit_bias, min_p or min_tokens change this request's logits."""
+        """Whether penalties, logit_bias, min_p, min_tokens or a grammar change this request's
+        logits."""
         return bool(
-            self.presence_penalty
+            self.grammar is not None
+            or self.presence_penalty
             or self.frequency_penalty
             or self.repetition_penalty != 1.0
             or self.min_p

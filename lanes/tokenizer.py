@@ -54,6 +54,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size(with_added_tokens=True)
 
+    def to_json(self) -> str:
+        """The tokenizer as HF `tokenizers` JSON (what the grammar engine reads)."""
+        return self.tk.to_str()
+
     @property
     def control_tokens(self) -> list[str]:
         """The strings the tokenizer turns into special (control) tokens wherever they appear."""

@@ -34,7 +34,7 @@ LAYERS = [
     ("kernels", ["lanes.kernels"]),
     # below all of them: memory, the round plan, requests, config (DESIGN.md)
     ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.sampling", "lanes.penalties",
-              "lanes.config",
+              "lanes.grammar", "lanes.config",
               "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
               "lanes.packed", "lanes._source_tree"]),
 ]  # fmt: skip

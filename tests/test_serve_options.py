@@ -119,20 +119,32 @@ def test_stats_line_reports_the_interval_and_keeps_quiet_when_idle():
 
 
 def test_fields_that_would_change_output_are_refused_not_ignored():
-    """response_format and vLLM's guided/structured outputs are not implemented yet: set to
-    anything but their neutral value, they get a 400 naming the field."""
+    """Fields lanes does not implement (tools, EBNF grammars) get a 400 naming the field; the
+    structured outputs it does implement become the request's grammar."""
+    from lanes.grammar import Grammar
     from lanes.openai_api import ApiError, parse_request
 
     body = {"prompt": "x", "max_tokens": 4}
     for name, value in [
-        ("response_format", {"type": "json_object"}),
-        ("structured_outputs", {"json": {"type": "object"}}),
-        ("guided_json", {"type": "object"}),
-        ("guided_choice", ["a", "b"]),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("guided_grammar", "root ::= 'a'"),
+        ("structured_outputs", {"grammar": "root ::= 'a'"}),
+        ("response_format", {"type": "yaml"}),
     ]:
         with pytest.raises(ApiError, match=name):
             parse_request({**body, name: value}, False, 256)
-    parse_request({**body, "response_format": {"type": "text"}}, False, 256)  # changes nothing
+    obj = Grammar.json_schema({"type": "object"})
+    for name, value, grammar in [
+        ("response_format", {"type": "json_object"}, obj),
+        ("response_format", {"type": "json_schema", "json_schema": {"schema": {}}},
+         Grammar.json_schema({})),
+        ("structured_outputs", {"json": {"type": "object"}}, obj),
+        ("guided_json", '{"type": "object"}', obj),
+        ("guided_regex", "a+", Grammar("regex", "a+")),
+        ("guided_choice", ["a", "b"], Grammar.choice(["a", "b"])),
+        ("response_format", {"type": "text"}, None),  # changes nothing
+    ]:  # fmt: skip
+        assert parse_request({**body, name: value}, False, 256).params[0].grammar == grammar, name
 
 
 def test_penalties_and_sampling_extras_are_parsed_and_checked():

@@ -459,3 +459,55 @@ def test_sigterm_mid_prefill_ends_every_stream(long_model_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_structured_outputs(server):
+    """response_format (json_schema, json_object), vLLM's structured_outputs and guided_*:
+    the text matches; a bad schema or an EBNF grammar is a 400 and the server goes on."""
+    import re
+
+    client = server.client()
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=40)
+    reply = client.chat.completions.create(
+        **chat,
+        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+    )
+    value = json.loads(reply.choices[0].message.content)
+    assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] <= 99
+    reply = client.chat.completions.create(**chat, response_format={"type": "json_object"})
+    assert reply.choices[0].message.content.startswith("{")
+    text = (
+        client.completions.create(
+            model=MODEL,
+            prompt="x",
+            max_tokens=8,
+            extra_body={"structured_outputs": {"regex": "[0-9]{3}"}},
+        )
+        .choices[0]
+        .text
+    )
+    assert re.fullmatch("[0-9]{3}", text), text
+    text = (
+        client.completions.create(
+            model=MODEL, prompt="x", max_tokens=8, extra_body={"guided_choice": ["yes", "no"]}
+        )
+        .choices[0]
+        .text
+    )
+    assert text in ("yes", "no")
+    bad = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "bogus"}}}
+    with pytest.raises(openai.BadRequestError, match="not valid"):
+        client.chat.completions.create(**chat, response_format=bad)
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.completions.create(model=MODEL, prompt="x", extra_body={"guided_grammar": "a"})
+    with pytest.raises(openai.BadRequestError, match="one structured output"):
+        client.completions.create(
+            model=MODEL, prompt="x", extra_body={"guided_regex": "a", "guided_choice": ["a"]}
+        )
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].finish_reason

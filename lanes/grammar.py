@@ -1,0 +1,129 @@
+"""Structured outputs: a request's output held to a JSON schema, a regex or a list of choices.
+
+The grammar engine is llguidance (the one vLLM and llama.cpp use; a Rust core with no Python
+dependencies). A grammar's mask for the next token is a function of the tokens before it, so it
+joins the logits processing of lanes/penalties.py: a position's masked logits are the same
+whether it is decoded alone or verified behind drafts, and drafted output equals undrafted under
+a grammar. A draft the grammar forbids is simply rejected: its row's sample comes from the masked
+logits and cannot equal it.
+
+JSON is compact (no whitespace between tokens of the JSON): a model cannot stall on spaces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KINDS = ("json_schema", "regex", "choice")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the output must match, as plain data: a JSON schema (as JSON text), a regex, or a
+    JSON list of the allowed strings."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+
+    @classmethod
+    def json_schema(cls, schema: dict) -> Grammar:
+        return cls("json_schema", json.dumps(schema, sort_keys=True))
+
+    @classmethod
+    def choice(cls, choices: Sequence[str]) -> Grammar:
+        return cls("choice", json.dumps(list(choices)))
+
+
+def _llguidance_text(grammar: Grammar) -> str:
+    import llguidance
+
+    if grammar.kind == "json_schema":
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            grammar.source, {"whitespace_flexible": False}
+        )
+    if grammar.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(grammar.source)
+    alternatives = "|".join(_regex_literal(c) for c in json.loads(grammar.source))
+    return llguidance.LLMatcher.grammar_from_regex(f"({alternatives})")
+
+
+def _regex_literal(text: str) -> str:
+    return "".join(f"\\{c}" if c in r"\.^$|?*+()[]{}" else c for c in text)
+
+
+class GrammarCompiler:
+    """Builds matchers for one tokenizer (the engine's). The tokenizer conversion runs once."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Sequence[int]) -> None:
+        import llguidance
+
+        self.vocab_size = vocab_size
+        self._tokenizer = llguidance.LLTokenizer(
+            tokenizer_json, n_vocab=vocab_size, eos_token=sorted(eos_ids)
+        )
+
+    def cursor(self, grammar: Grammar) -> GrammarCursor:
+        """A fresh matcher for one lane; a ValueError naming what is wrong with a grammar that
+        does not compile (an unknown schema type, a regex that does not parse)."""
+        import llguidance
+
+        try:
+            text = _llguidance_text(grammar)
+        except ValueError as e:
+            raise ValueError(f"the {grammar.kind} is not valid: {str(e)[:300]}") from e
+        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"the {grammar.kind} is not valid: {matcher.get_error()[:300]}")
+        return GrammarCursor(matcher, self.vocab_size)
+
+
+class GrammarCursor:
+    """One lane's matcher, moved to whatever output it is asked about: rolled back to the part
+    it shares with what it consumed, then fed the rest. Tokens the grammar forbids (a rejected
+    draft) are never fed; positions after one are never sampled from."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._consumed: list[int] = []
+
+    def allowed(self, output_ids: Sequence[int]) -> torch.Tensor:
+        """Bool [vocab]: the tokens the grammar allows after output_ids."""
+        self._move_to(list(output_ids))
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        mask = np.unpackbits(bits, bitorder="little")[: self._vocab_size].astype(bool)
+        if mask.shape[0] < self._vocab_size:  # ids past the tokenizer's: never allowed
+            mask = np.concatenate([mask, np.zeros(self._vocab_size - mask.shape[0], bool)])
+        return torch.from_numpy(mask)
+
+    def _move_to(self, output: list[int]) -> None:
+        shared = 0
+        limit = min(len(output), len(self._consumed))
+        while shared < limit and output[shared] == self._consumed[shared]:
+            shared += 1
+        if shared < len(self._consumed):
+            self._matcher.rollback(len(self._consumed) - shared)
+            del self._consumed[shared:]
+        rest = output[shared:]
+        valid = self._matcher.validate_tokens(rest) if rest else 0
+        if valid:
+            self._matcher.consume_tokens(rest[:valid])
+            self._consumed += rest[:valid]
+
+
+def apply_mask(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """row [vocab] float32 with the forbidden tokens at -inf."""
+    allowed = allowed.to(row.device)
+    if allowed.shape[0] < row.shape[0]:  # logits rows padded past the vocabulary
+        pad = torch.zeros(row.shape[0] - allowed.shape[0], dtype=torch.bool, device=row.device)
+        allowed = torch.cat([allowed, pad])
+    return row.float().masked_fill(~allowed[: row.shape[0]], float("-inf"))

@@ -1,0 +1,142 @@
+"""Structured outputs (lanes/grammar.py): the output matches its JSON schema, regex or choices,
+and the equalities hold under a grammar — drafted == draft: false (drafts the grammar forbids are
+rejected; negative control: rows masked without the drafts before them) and concurrent == solo,
+greedy and seeded. Negative control for the schema test: a sampler that ignores the mask."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.drafter.replay import ReplayProposer
+from lanes.engine import Engine
+from lanes.grammar import Grammar
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {
+            "type": "array",
+            "items": {"enum": ["alpha", "beta", "gamma"]},
+            "minItems": 3,
+            "maxItems": 5,
+        },
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+    },
+    "required": ["name", "tags", "n"],
+    "additionalProperties": False,
+}
+PROMPTS = ["one two three one two three", "Paris is the capital of France; Berlin is", "fox"]
+SEEDED = dict(temperature=0.9, seed=11)
+
+
+def _matches_schema(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (
+        isinstance(value, dict)
+        and set(value) == {"name", "tags", "n"}
+        and isinstance(value["name"], str)
+        and len(value["name"]) <= 12
+        and 3 <= len(value["tags"]) <= 5
+        and set(value["tags"]) <= {"alpha", "beta", "gamma"}
+        and isinstance(value["n"], int)
+        and 0 <= value["n"] <= 999
+    )
+
+
+def _text(engine, completion) -> str:
+    return engine.tokenizer.decode(completion.token_ids)
+
+
+@pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
+def test_outputs_match_their_grammar(tiny_models, sampling):
+    path, _ = tiny_models["llama"]
+    engine = build_engine(str(path))
+    params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA), **sampling)
+    for out in engine.generate(PROMPTS, params):
+        assert out.finish_reason == "stop" and _matches_schema(_text(engine, out)), out
+    regex = Grammar("regex", r"[0-9]{3}-[a-c]+\.")
+    for out in engine.generate(PROMPTS, dataclasses.replace(params, grammar=regex)):
+        assert re.fullmatch(r"[0-9]{3}-[a-c]+\.", _text(engine, out)), _text(engine, out)
+    choices = ["red", "green", "blue (dark)"]
+    choice = dataclasses.replace(params, grammar=Grammar.choice(choices))
+    assert all(_text(engine, o) in choices for o in engine.generate(PROMPTS, choice))
+
+
+def test_negative_control_a_sampler_that_ignores_the_mask(tiny_models, monkeypatch):
+    """Without the mask the same model writes no valid JSON: the schema test can fail."""
+    monkeypatch.setattr("lanes.engine.apply_mask", lambda row, allowed: row)
+    path, _ = tiny_models["llama"]
+    engine = build_engine(str(path))
+    params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA))
+    assert not any(_matches_schema(_text(engine, o)) for o in engine.generate(PROMPTS, params))
+
+
+def test_a_bad_grammar_is_the_requests_error(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = build_engine(str(path))
+    with pytest.raises(ValueError, match="regex is not valid"):
+        engine.make_lane("fox", SamplingParams(grammar=Grammar("regex", "[0-9")))
+    with pytest.raises(ValueError, match="json_schema is not valid"):
+        engine.make_lane("fox", SamplingParams(grammar=Grammar.json_schema({"type": "bogus"})))
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=2, grammar=Grammar("regex", "a+"))
+    (out,) = engine.generate(["fox"], SamplingParams(max_tokens=4))  # and it goes on
+    assert out.token_ids
+
+
+def _drafted_and_plain(engine, params):
+    plain = engine.generate(PROMPTS, dataclasses.replace(params, draft=False))
+    records = {tuple(engine.encode(p)): c.token_ids for p, c in zip(PROMPTS, plain, strict=True)}
+    # the replayed drafts are the plain output at acceptance 0.6, random tokens otherwise: most
+    # of those the grammar forbids
+    engine.proposer = ReplayProposer(records, 0.6, engine.model_config.vocab_size)
+    return engine.generate(PROMPTS, params, cache_salt="drafted"), plain
+
+
+@pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
+def test_drafted_equals_undrafted_under_a_grammar(tiny_models, sampling):
+    path, _ = tiny_models["llama"]
+    engine = build_engine(str(path), EngineConfig(num_draft_tokens=4, adaptive_drafts=False))
+    params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA), **sampling)
+    drafted, plain = _drafted_and_plain(engine, params)
+    assert sum(d.num_accepted for d in drafted) > 0
+    assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
+    for d, p in zip(drafted, plain, strict=True):
+        assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
+
+
+class _NoDraftsInHistory(Engine):
+    """Negative control: verify rows are masked as if the drafts before them were not output."""
+
+    @staticmethod
+    def _row_history(s, j):
+        return list(s.lane.output_ids)
+
+
+def test_negative_control_masks_that_ignore_the_drafts_before_them(tiny_models):
+    path, _ = tiny_models["llama"]
+    cfg = EngineConfig(num_draft_tokens=4, adaptive_drafts=False)
+    engine = build_engine(str(path), cfg, engine_type=_NoDraftsInHistory)
+    params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA))
+    drafted, plain = _drafted_and_plain(engine, params)
+    assert any(d.token_ids != p.token_ids for d, p in zip(drafted, plain, strict=True))
+
+
+@pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
+def test_concurrent_equals_solo_under_a_grammar(tiny_models, sampling):
+    path, _ = tiny_models["llama"]
+    engine = build_engine(str(path))
+    params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA), **sampling)
+    together = engine.generate(PROMPTS, params)
+    for prompt, out in zip(PROMPTS, together, strict=True):
+        (solo,) = engine.generate([prompt], params, cache_salt="solo")
+        assert (solo.token_ids, solo.logprobs) == (out.token_ids, out.logprobs)
