@@ -12,9 +12,8 @@ import re
 import pytest
 
 from lanes import EngineConfig, SamplingParams, build_engine
-from lanes.drafter.replay import ReplayProposer
-from lanes.engine import Engine
 from lanes.grammar import Grammar
+from tests.replay_drafts import NoDraftsInHistory, drafted_and_plain
 
 SCHEMA = {
     "type": "object",
@@ -93,41 +92,24 @@ def test_a_bad_grammar_is_the_requests_error(tiny_models):
     assert out.token_ids
 
 
-def _drafted_and_plain(engine, params):
-    plain = engine.generate(PROMPTS, dataclasses.replace(params, draft=False))
-    records = {tuple(engine.encode(p)): c.token_ids for p, c in zip(PROMPTS, plain, strict=True)}
-    # the replayed drafts are the plain output at acceptance 0.6, random tokens otherwise: most
-    # of those the grammar forbids
-    engine.proposer = ReplayProposer(records, 0.6, engine.model_config.vocab_size)
-    return engine.generate(PROMPTS, params, cache_salt="drafted"), plain
-
-
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
 def test_drafted_equals_undrafted_under_a_grammar(tiny_models, sampling):
     path, _ = tiny_models["llama"]
     engine = build_engine(str(path), EngineConfig(num_draft_tokens=4, adaptive_drafts=False))
     params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA), **sampling)
-    drafted, plain = _drafted_and_plain(engine, params)
+    drafted, plain = drafted_and_plain(engine, PROMPTS, params)
     assert sum(d.num_accepted for d in drafted) > 0
     assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
     for d, p in zip(drafted, plain, strict=True):
         assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
 
 
-class _NoDraftsInHistory(Engine):
-    """Negative control: verify rows are masked as if the drafts before them were not output."""
-
-    @staticmethod
-    def _row_history(s, j):
-        return list(s.lane.output_ids)
-
-
 def test_negative_control_masks_that_ignore_the_drafts_before_them(tiny_models):
     path, _ = tiny_models["llama"]
     cfg = EngineConfig(num_draft_tokens=4, adaptive_drafts=False)
-    engine = build_engine(str(path), cfg, engine_type=_NoDraftsInHistory)
+    engine = build_engine(str(path), cfg, engine_type=NoDraftsInHistory)
     params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA))
-    drafted, plain = _drafted_and_plain(engine, params)
+    drafted, plain = drafted_and_plain(engine, PROMPTS, params)
     assert any(d.token_ids != p.token_ids for d, p in zip(drafted, plain, strict=True))
 
 

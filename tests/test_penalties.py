@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from lanes import EngineConfig, SamplingParams, build_engine
-from lanes.drafter.replay import ReplayProposer
-from lanes.engine import Engine
 from lanes.penalties import process_logits
+from tests.replay_drafts import NoDraftsInHistory, drafted_and_plain
 
 PROMPTS = ["one two three one two three", "Paris is the capital of France; Berlin is", "fox"]
 
@@ -75,37 +74,22 @@ def _params(**sampling) -> SamplingParams:
     )  # fmt: skip
 
 
-def _drafted_and_plain(engine, params):
-    plain = engine.generate(PROMPTS, dataclasses.replace(params, draft=False))
-    records = {tuple(engine.encode(p)): c.token_ids for p, c in zip(PROMPTS, plain, strict=True)}
-    engine.proposer = ReplayProposer(records, 0.6, engine.model_config.vocab_size)
-    return engine.generate(PROMPTS, params, cache_salt="drafted"), plain
-
-
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
 def test_drafted_equals_undrafted_with_penalties(tiny_models, sampling):
     path, _ = tiny_models["llama"]
     engine = build_engine(str(path), EngineConfig(num_draft_tokens=4, adaptive_drafts=False))
-    drafted, plain = _drafted_and_plain(engine, _params(**sampling))
+    drafted, plain = drafted_and_plain(engine, PROMPTS, _params(**sampling))
     assert sum(d.num_accepted for d in drafted) > 0
     assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
     for d, p in zip(drafted, plain, strict=True):
         assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
 
 
-class _NoDraftsInHistory(Engine):
-    """Negative control: verify rows penalise as if the drafts before them were not output."""
-
-    @staticmethod
-    def _row_history(s, j):
-        return list(s.lane.output_ids)
-
-
 def test_negative_control_rows_that_ignore_the_drafts_before_them(tiny_models):
     path, _ = tiny_models["llama"]
     cfg = EngineConfig(num_draft_tokens=4, adaptive_drafts=False)
-    engine = build_engine(str(path), cfg, engine_type=_NoDraftsInHistory)
-    drafted, plain = _drafted_and_plain(engine, _params())
+    engine = build_engine(str(path), cfg, engine_type=NoDraftsInHistory)
+    drafted, plain = drafted_and_plain(engine, PROMPTS, _params())
     # the equality above compares tokens and logprobs: without the drafts, they differ
     assert any(
         (d.token_ids, d.logprobs) != (p.token_ids, p.logprobs)
@@ -132,7 +116,7 @@ def test_on_the_gpu_drafted_equals_undrafted_with_penalties(tiny_models, samplin
     path, _ = tiny_models["llama"]
     cfg = EngineConfig(device="cuda", num_draft_tokens=4, adaptive_drafts=False)
     engine = build_engine(str(path), cfg)
-    drafted, plain = _drafted_and_plain(engine, _params(**sampling))
+    drafted, plain = drafted_and_plain(engine, PROMPTS, _params(**sampling))
     for d, p in zip(drafted, plain, strict=True):
         assert (d.token_ids, d.logprobs) == (p.token_ids, p.logprobs)
     unpenalised = SamplingParams(max_tokens=24, ignore_eos=True)
