@@ -19,13 +19,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-KINDS = ("json_schema", "regex", "choice")
+KINDS = (
+    "json_schema",
+    "regex",
+    "choice",
+    "lark",
+)  # lark: internal (tool calls), not a request field
 
 
 @dataclass(frozen=True)
 class Grammar:
-    """What the output must match, as plain data: a JSON schema (as JSON text), a regex, or a
-    JSON list of the allowed strings."""
+    """What the output must match, as plain data: a JSON schema (as JSON text), a regex, a
+    JSON list of the allowed strings, or an llguidance Lark grammar."""
 
     kind: str
     source: str
@@ -52,6 +57,8 @@ def _llguidance_text(grammar: Grammar) -> str:
         )
     if grammar.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(grammar.source)
+    if grammar.kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(grammar.source)
     alternatives = "|".join(_regex_literal(c) for c in json.loads(grammar.source))
     return llguidance.LLMatcher.grammar_from_regex(f"({alternatives})")
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from lanes.grammar import Grammar
 from lanes.sampling import SamplingParams
+from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
 
 # Limits on one request, so no request can cost unbounded engine or host time (docs/serving.md).
 MAX_N = 16
@@ -44,7 +45,6 @@ class ApiError(Exception):
 
 # Fields lanes does not implement: refuse them rather than silently ignore what changes output.
 _UNSUPPORTED = {
-    "tools": None,
     "functions": None,
     "best_of": None,
     "suffix": None,
@@ -66,6 +66,7 @@ class ParsedRequest:
     cache_salt: str
     logprobs: int | None  # completions: top-N count; chat: top_logprobs (None: no logprobs)
     max_tokens_given: bool = True  # False: generate up to the context
+    tools: Tools | None = None  # chat: the functions the model may call
 
 
 def decode_body(raw: bytes) -> dict:
@@ -168,9 +169,18 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
                     f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m['role'][:40]!r}",
                     "messages",
                 )
+            if m["role"] == "assistant" and m.get("tool_calls") and m.get("content") is None:
+                m["content"] = ""  # a turn that only called tools
             m["content"] = _text_content(m.get("content"), i)
-        prompts: list[Any] = [messages]
+        try:
+            tools = parse_tools(body)
+            prompts: list[Any] = [messages_with_tools(messages, tools)]
+        except ToolError as e:
+            raise ApiError(str(e), e.param) from e
     else:
+        if body.get("tools") not in (None, []):
+            raise ApiError("'tools' is for chat completions", "tools")
+        tools = None
         prompts = _prompts(body.get("prompt"))
     n = _get(body, "n", int, 1)
     if not 1 <= n <= MAX_N:
@@ -229,7 +239,7 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
             min_p=_get(body, "min_p", float, 0.0),
             min_tokens=_get(body, "min_tokens", int, 0),
             logit_bias=_logit_bias(body.get("logit_bias")),
-            grammar=_grammar(body),
+            grammar=_grammar(body, tools),
         )
     except ValueError as e:
         raise ApiError(str(e)) from e
@@ -243,18 +253,24 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
         cache_salt=salt,
         logprobs=logprobs,
         max_tokens_given=max_tokens is not None,
+        tools=tools if tools is not None and tools.active else None,
     )
 
 
-def _grammar(body: dict) -> Grammar | None:
+def _grammar(body: dict, tools: Tools | None) -> Grammar | None:
     """The structured output a request asks for: OpenAI's response_format (json_object,
-    json_schema), vLLM's structured_outputs (json, regex, choice) or its older guided_* fields;
-    at most one of them."""
+    json_schema), vLLM's structured_outputs (json, regex, choice) or its older guided_* fields,
+    or a required / named tool call; at most one of them."""
     given = [f for f in _GRAMMAR_FIELDS if body.get(f) not in (None, {"type": "text"}, {})]
+    call = tools.grammar() if tools is not None else None
+    if call is not None:
+        given = ["tool_choice", *given]
     if len(given) > 1:
         raise ApiError(f"give one structured output, not {' and '.join(given)}", given[1])
     if not given:
         return None
+    if call is not None:
+        return call
     name, value = given[0], body[given[0]]
     if name == "response_format":
         return _response_format(value)

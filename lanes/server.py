@@ -390,13 +390,9 @@ class _Context:
             c = completions[i]
             lp = self._logprobs(i, c.token_ids, c.logprobs, c.top_logprobs)
             if self.chat:
+                message, reason = self._message(c)
                 choices.append(
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": lp,
-                        "finish_reason": finish_reason(c),
-                    }
+                    {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
                 )
             else:
                 choices.append(
@@ -412,6 +408,19 @@ class _Context:
             "usage": self._finish(completions),
         }
         return JSONResponse(body)
+
+    def _message(self, c) -> tuple[dict, str]:
+        """A chat choice's message and finish_reason: with tools, the <tool_call> blocks of its
+        text become tool_calls (finish_reason "tool_calls")."""
+        reason = finish_reason(c)
+        tools = self.parsed.tools
+        content, calls = tools.parse(c.text) if tools is not None else (c.text, [])
+        if not calls:
+            return {"role": "assistant", "content": c.text}, reason
+        return (
+            {"role": "assistant", "content": content, "tool_calls": calls},
+            "tool_calls" if reason == "stop" else reason,
+        )
 
     async def _watch_disconnect(self, request: Request) -> None:
         while not await request.is_disconnected():
@@ -452,8 +461,9 @@ class _Context:
                     for i in range(len(self.handles))
                 ]
             )
+        tools = self.parsed.tools  # with tools, a choice's text is held back to its end
         async for i, event in self._events():
-            if isinstance(event, Delta):
+            if isinstance(event, Delta) and tools is None:
                 lp = self._logprobs(
                     i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
                 )
@@ -469,6 +479,17 @@ class _Context:
                 yield self._chunk([choice])
             elif isinstance(event, Finished):
                 completions[i] = event.completion
+                if tools is not None:  # the whole message at once: content, then the calls
+                    message, reason = self._message(event.completion)
+                    calls = [{"index": k, **c} for k, c in enumerate(message.get("tool_calls", []))]
+                    delta = {"content": message["content"]} | (
+                        {"tool_calls": calls} if calls else {}
+                    )
+                    yield self._chunk(
+                        [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]
+                    )
+                    yield self._last_chunk(i, reason)
+                    continue
                 yield self._last_chunk(i, finish_reason(event.completion))
             elif isinstance(event, Aborted):
                 yield self._last_chunk(i, "abort")

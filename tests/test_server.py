@@ -511,3 +511,46 @@ def test_structured_outputs(server):
             model=MODEL, prompt="x", extra_body={"guided_regex": "a", "guided_choice": ["a"]}
         )
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].finish_reason
+
+
+def test_tool_calls(server):
+    """tools with tool_choice required: message.tool_calls (finish_reason tool_calls), streamed
+    as one delta; the follow-up turn with the call and its result is taken; tools on plain
+    completions and an unknown named function are 400s."""
+    client = server.client()
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    chat = dict(model=MODEL, tools=[weather], tool_choice="required", max_tokens=160)
+    choice = client.chat.completions.create(messages=ask, **chat).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    chunks = list(client.chat.completions.create(messages=ask, stream=True, **chat))
+    streamed = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+    assert [t.function.name for t in streamed] == ["get_weather"] and streamed[0].index == 0
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    follow = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "snow, -3 C"},
+    ]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=follow, tools=[weather], max_tokens=8
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with pytest.raises(openai.BadRequestError, match="chat completions"):
+        client.completions.create(model=MODEL, prompt="x", extra_body={"tools": [weather]})
+    named = {"type": "function", "function": {"name": "nope"}}
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(messages=ask, **{**chat, "tool_choice": named})

@@ -1,0 +1,174 @@
+"""Tool calling, Hermes style (Qwen, SmolLM2 and most open chat models are trained on it): the
+tools are described in a system message, the model answers a call as
+
+    <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
+
+and the server parses such blocks out of the text into OpenAI's `tool_calls`. With
+tool_choice "required" or a named function, a grammar (lanes/grammar.py) holds the output to one
+such block whose JSON matches the function's parameters; "auto" leaves the model free, "none"
+describes no tools. Earlier turns' calls and tool results are written back into the messages as
+the same tags, so any chat template renders them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from lanes.grammar import Grammar
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class ToolError(ValueError):
+    """A request's tools, tool_choice or tool messages are malformed (a 400 naming the field)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's functions (name -> JSON schema of the arguments) and how it may call them."""
+
+    functions: dict[str, dict]
+    descriptions: dict[str, str]
+    choice: str  # "auto" | "required" | "none" | a function's name
+
+    @property
+    def active(self) -> bool:
+        return self.choice != "none"
+
+    def system_prompt(self) -> str:
+        listed = [
+            {"type": "function", "function": {"name": n, "description": self.descriptions[n],
+                                              "parameters": p}}
+            for n, p in self.functions.items()
+        ]  # fmt: skip
+        return (
+            "You may call functions to help with the user's request. The functions:\n<tools>\n"
+            + "\n".join(json.dumps(t) for t in listed)
+            + "\n</tools>\nTo call one, answer with a JSON object inside tags:\n"
+            '<tool_call>{"name": <function name>, "arguments": <arguments object>}</tool_call>'
+        )
+
+    def grammar(self) -> Grammar | None:
+        """What a required or named call must look like; None for auto and none."""
+        if self.choice in ("auto", "none"):
+            return None
+        names = list(self.functions) if self.choice == "required" else [self.choice]
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": n}, "arguments": self.functions[n]},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for n in names
+        ]
+        schema = {"anyOf": calls, "x-guidance": {"whitespace_flexible": False}}
+        return Grammar(
+            "lark", f'start: "<tool_call>" call "</tool_call>"\ncall: %json {json.dumps(schema)}'
+        )
+
+    def parse(self, text: str) -> tuple[str | None, list[dict]]:
+        """(content, tool_calls): every well-formed block naming a known function becomes a call;
+        the text around the blocks is the content (None when empty)."""
+        calls = []
+        for block in _CALL.findall(text):
+            try:
+                call = json.loads(block)
+            except ValueError:
+                continue
+            if not isinstance(call, dict) or call.get("name") not in self.functions:
+                continue
+            args = call.get("arguments", {})
+            calls.append(
+                {
+                    "id": f"call_{secrets.token_hex(12)}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+            )
+        if not calls:
+            return text, []
+        content = _CALL.sub("", text).strip()
+        return content or None, calls
+
+
+def parse_tools(body: dict) -> Tools | None:
+    """The request's `tools` and `tool_choice`, checked; None when it names no tools."""
+    raw, choice = body.get("tools"), body.get("tool_choice", "auto")
+    if raw in (None, []):
+        if choice not in (None, "auto", "none"):
+            raise ToolError("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(raw, list):
+        raise ToolError("'tools' must be a list of functions", "tools")
+    functions, descriptions = {}, {}
+    for i, tool in enumerate(raw):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"])
+        ):
+            raise ToolError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools"
+            )
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise ToolError(f"tools[{i}].function.parameters must be a JSON schema", "tools")
+        functions[fn["name"]] = params
+        descriptions[fn["name"]] = str(fn.get("description", ""))
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if choice.get("type") != "function" or name not in functions:
+            raise ToolError("'tool_choice' names a function that is not in 'tools'", "tool_choice")
+        choice = name
+    elif choice not in ("auto", "required", "none"):
+        raise ToolError("'tool_choice' must be auto, required, none or a function", "tool_choice")
+    return Tools(functions, descriptions, choice)
+
+
+def messages_with_tools(messages: list[dict], tools: Tools | None) -> list[dict]:
+    """The chat as the template renders it: the tools' system prompt (merged into a leading
+    system message), earlier calls as <tool_call> blocks in the assistant's text, tool results
+    as <tool_response> blocks in a user turn."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            blocks = [_call_text(c) for c in m.pop("tool_calls")]
+            m["content"] = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
+        elif m["role"] == "tool":
+            m = {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+        out.append(m)
+    if tools is not None and tools.active:
+        prompt = tools.system_prompt()
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + prompt}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _call_text(call: Any) -> str:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ToolError("an assistant message's tool_calls need function names", "messages")
+    args = fn.get("arguments", "{}")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except ValueError as e:
+        raise ToolError("a tool call's arguments must be JSON", "messages") from e
+    return "<tool_call>" + json.dumps({"name": fn["name"], "arguments": args}) + "</tool_call>"

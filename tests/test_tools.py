@@ -1,0 +1,103 @@
+"""Tool calling (lanes/tools.py): tools and tool_choice checked, earlier calls and results
+written back into the chat, <tool_call> blocks parsed into tool_calls, and required / named
+calls held by a grammar to the function's parameters (negative control: the same model and
+prompt with tool_choice auto writes no call)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lanes import build_engine
+from lanes.openai_api import parse_request
+from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}},
+            "required": ["city"],
+            "additionalProperties": False,  # as OpenAI's strict function schemas have it
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tools_and_tool_choice_are_checked():
+    tools = parse_tools({"tools": [WEATHER]})
+    assert tools.choice == "auto" and list(tools.functions) == ["get_weather"]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert parse_tools({"tools": [WEATHER], "tool_choice": named}).choice == "get_weather"
+    assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}).active is False
+    assert parse_tools({}) is None
+    for body, param in [
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": "get_weather"}, "tools"),
+        ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ]:  # fmt: skip
+        with pytest.raises(ToolError) as e:
+            parse_tools(body)
+        assert e.value.param == param
+
+
+def test_earlier_calls_and_results_are_written_into_the_chat():
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        *ASK,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"},
+    ]
+    out = messages_with_tools(chat, parse_tools({"tools": [WEATHER]}))
+    assert out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.")
+    assert '"name": "get_weather"' in out[0]["content"] and "<tools>" in out[0]["content"]
+    assert out[2] == {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+    }
+    assert out[3] == {"role": "user", "content": "<tool_response>\nsunny, 21 C\n</tool_response>"}
+    assert messages_with_tools(ASK, None) == ASK  # no tools: the chat as it was
+
+
+def test_tool_call_blocks_are_parsed():
+    tools = Tools({"get_weather": {}}, {"get_weather": ""}, "auto")
+    text = ('Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+            '</tool_call><tool_call>{"name": "unknown", "arguments": {}}</tool_call>'
+            "<tool_call>not json</tool_call>")  # fmt: skip
+    content, calls = tools.parse(text)
+    assert content.startswith("Let me check.") and len(calls) == 1
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert tools.parse("no calls here") == ("no calls here", [])
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_required_and_named_calls_follow_the_parameters(long_model_dir, choice):
+    engine = build_engine(str(long_model_dir))
+    tool_choice = (
+        "required"
+        if choice == "required"
+        else {"type": "function", "function": WEATHER["function"]}
+    )
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": tool_choice, "max_tokens": 160}
+    parsed = parse_request(body, True, engine.context_len)
+    (out,) = engine.generate(parsed.prompts, parsed.params[0])
+    content, calls = parsed.tools.parse(out.text)
+    assert out.finish_reason == "stop" and content is None and len(calls) == 1, out.text
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert isinstance(args["city"], str) and len(args["city"]) <= 10
+    # negative control: left free (auto), the same random model writes no call
+    free = parse_request({**body, "tool_choice": "auto"}, True, engine.context_len)
+    (out,) = engine.generate(free.prompts, free.params[0])
+    assert free.tools.parse(out.text)[1] == []
