@@ -64,7 +64,7 @@ class Tools:
         calls = [
             {
                 "type": "object",
-                "properties": {"name": {"const": n}, "arguments": self.functions[n]},
+                "properties": {"name": {"const": n}, "arguments": _closed(self.functions[n])},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
@@ -101,6 +101,28 @@ class Tools:
             return text, []
         content = _CALL.sub("", text).strip()
         return content or None, calls
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with objects that list their properties closed to others unless it says
+    otherwise (additionalProperties false, as OpenAI's strict function calling has them): a
+    call's arguments are the function's parameters, and a small model held to a schema that
+    allows any extra key can write keys until max_tokens."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("properties", "$defs", "definitions"):  # name -> schema
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):  # lists of schemas
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub) for sub in out[key]]
+    for key in ("items", "additionalProperties", "not"):  # one schema
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def parse_tools(body: dict) -> Tools | None:

@@ -69,6 +69,27 @@ def test_earlier_calls_and_results_are_written_into_the_chat():
     assert messages_with_tools(ASK, None) == ASK  # no tools: the chat as it was
 
 
+def test_call_grammars_close_objects_that_list_their_properties():
+    from lanes.tools import _closed
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "free": {"type": "object", "additionalProperties": True, "properties": {}},
+            "list": {"type": "array", "items": {"properties": {"b": {}}}},
+        },
+    }
+    out = _closed(schema)
+    assert out["additionalProperties"] is False
+    inner = out["properties"]["properties"]
+    assert inner["additionalProperties"] is False and set(inner["properties"]) == {"a"}
+    assert out["properties"]["free"]["additionalProperties"] is True  # said otherwise: kept
+    assert out["properties"]["list"]["items"]["additionalProperties"] is False
+    assert set(out["properties"]) == {"properties", "free", "list"}  # no key added to a map
+    assert "additionalProperties" not in schema  # the request's own schema is not changed
+
+
 def test_tool_call_blocks_are_parsed():
     tools = Tools({"get_weather": {}}, {"get_weather": ""}, "auto")
     text = ('Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
