@@ -43,6 +43,7 @@ from lanes.openai_api import (
     usage,
 )
 from lanes.server_metrics import ServerMetrics, finish_reason
+from lanes.tools import ToolCallStream
 from lanes.utility_api import detokenize, model_card, tokenize, version
 
 log = logging.getLogger("lanes")
@@ -422,6 +423,14 @@ class _Context:
             "tool_calls" if reason == "stop" else reason,
         )
 
+    def _tool_delta(self, i: int, stream: ToolCallStream, content: str, calls: list) -> str:
+        """A chunk of a chat with tools: content as it comes, each finished call whole."""
+        d: dict = {"content": content} if content else {}
+        if calls:
+            first = stream.num_calls - len(calls)
+            d["tool_calls"] = [{"index": first + k, **c} for k, c in enumerate(calls)]
+        return self._chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}])
+
     async def _watch_disconnect(self, request: Request) -> None:
         while not await request.is_disconnected():
             await asyncio.sleep(0.05)
@@ -461,9 +470,14 @@ class _Context:
                     for i in range(len(self.handles))
                 ]
             )
-        tools = self.parsed.tools  # with tools, a choice's text is held back to its end
+        tools = self.parsed.tools  # with tools: the <tool_call> blocks become tool_calls
+        streams = {i: ToolCallStream(tools) for i in range(len(self.handles))} if tools else {}
         async for i, event in self._events():
-            if isinstance(event, Delta) and tools is None:
+            if isinstance(event, Delta) and streams:
+                content, calls = streams[i].feed(event.text)
+                if content or calls:
+                    yield self._tool_delta(i, streams[i], content, calls)
+            elif isinstance(event, Delta):
                 lp = self._logprobs(
                     i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
                 )
@@ -479,18 +493,14 @@ class _Context:
                 yield self._chunk([choice])
             elif isinstance(event, Finished):
                 completions[i] = event.completion
-                if tools is not None:  # the whole message at once: content, then the calls
-                    message, reason = self._message(event.completion)
-                    calls = [{"index": k, **c} for k, c in enumerate(message.get("tool_calls", []))]
-                    delta = {"content": message["content"]} | (
-                        {"tool_calls": calls} if calls else {}
-                    )
-                    yield self._chunk(
-                        [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]
-                    )
-                    yield self._last_chunk(i, reason)
-                    continue
-                yield self._last_chunk(i, finish_reason(event.completion))
+                reason = finish_reason(event.completion)
+                if streams:
+                    rest = streams[i].flush()
+                    if rest:
+                        yield self._tool_delta(i, streams[i], rest, [])
+                    if streams[i].num_calls and reason == "stop":
+                        reason = "tool_calls"
+                yield self._last_chunk(i, reason)
             elif isinstance(event, Aborted):
                 yield self._last_chunk(i, "abort")
             elif isinstance(event, Failed):

@@ -103,6 +103,60 @@ class Tools:
         return content or None, calls
 
 
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+
+
+class ToolCallStream:
+    """A streamed choice's text split as it arrives: content is passed on at once, except what
+    could be the start of a <tool_call> tag; each complete block naming a known function comes
+    out as a call (a block that is not one is passed on as content)."""
+
+    def __init__(self, tools: Tools) -> None:
+        self.tools = tools
+        self.held = ""
+        self.num_calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """(content to send now, calls completed now)."""
+        self.held += text
+        content, calls = [], []
+        while True:
+            start = self.held.find(_OPEN)
+            if start < 0:
+                keep = _partial_tag(self.held)
+                content.append(self.held[: len(self.held) - keep])
+                self.held = self.held[len(self.held) - keep :]
+                break
+            end = self.held.find(_CLOSE, start)
+            if end < 0:  # the block is still being written
+                content.append(self.held[:start])
+                self.held = self.held[start:]
+                break
+            end += len(_CLOSE)
+            content.append(self.held[:start])
+            block = self.held[start:end]
+            found = self.tools.parse(block)[1]
+            calls += found
+            if not found:
+                content.append(block)
+            self.held = self.held[end:]
+        self.num_calls += len(calls)
+        return "".join(content), calls
+
+    def flush(self) -> str:
+        """What is left at the end (an unfinished block, a partial tag): content."""
+        rest, self.held = self.held, ""
+        return rest
+
+
+def _partial_tag(text: str) -> int:
+    """Length of the longest end of text that begins the <tool_call> tag."""
+    for n in range(min(len(text), len(_OPEN) - 1), 0, -1):
+        if _OPEN.startswith(text[-n:]):
+            return n
+    return 0
+
+
 def _closed(schema: Any) -> Any:
     """The schema with objects that list their properties closed to others unless it says
     otherwise (additionalProperties false, as OpenAI's strict function calling has them): a

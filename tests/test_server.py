@@ -515,8 +515,8 @@ def test_structured_outputs(server):
 
 def test_tool_calls(server):
     """tools with tool_choice required: message.tool_calls (finish_reason tool_calls), streamed
-    as one delta; the follow-up turn with the call and its result is taken; tools on plain
-    completions and an unknown named function are 400s."""
+    as a tool_calls delta with the same call; the follow-up turn with the call and its result is
+    taken; tools on plain completions and an unknown named function are 400s."""
     client = server.client()
     weather = {
         "type": "function",
@@ -531,7 +531,7 @@ def test_tool_calls(server):
         },
     }
     ask = [{"role": "user", "content": "Weather in Oslo?"}]
-    chat = dict(model=MODEL, tools=[weather], tool_choice="required", max_tokens=160)
+    chat = dict(model=MODEL, tools=[weather], tool_choice="required", max_tokens=160, temperature=0)
     choice = client.chat.completions.create(messages=ask, **chat).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
@@ -539,6 +539,8 @@ def test_tool_calls(server):
     chunks = list(client.chat.completions.create(messages=ask, stream=True, **chat))
     streamed = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
     assert [t.function.name for t in streamed] == ["get_weather"] and streamed[0].index == 0
+    assert json.loads(streamed[0].function.arguments) == json.loads(call.function.arguments)
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)  # a call, no content
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     follow = [
         *ask,

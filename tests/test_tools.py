@@ -11,7 +11,7 @@ import pytest
 
 from lanes import build_engine
 from lanes.openai_api import parse_request
-from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
+from lanes.tools import ToolCallStream, ToolError, Tools, messages_with_tools, parse_tools
 
 WEATHER = {
     "type": "function",
@@ -100,6 +100,24 @@ def test_tool_call_blocks_are_parsed():
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
     assert tools.parse("no calls here") == ("no calls here", [])
+
+
+@pytest.mark.parametrize("piece", [1, 3, 1000])
+def test_a_streamed_text_splits_into_content_and_calls(piece):
+    """Fed in pieces of any size: the content comes out at once except a possible tag start,
+    each finished block once as a call; a block that is no call stays content."""
+    tools = Tools({"get_weather": {}}, {"get_weather": ""}, "auto")
+    text = ('Checking <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+            '</tool_call> and <tool_call>{"name": "nope"}</tool_call> done <tool')  # fmt: skip
+    stream, content, calls = ToolCallStream(tools), "", []
+    for k in range(0, len(text), piece):
+        c, new = stream.feed(text[k : k + piece])
+        content, calls = content + c, calls + new
+        assert "<tool_call>" not in c or "nope" in c  # only a failed block passes as content
+    content += stream.flush()
+    assert content == 'Checking  and <tool_call>{"name": "nope"}</tool_call> done <tool'
+    assert [c["function"]["arguments"] for c in calls] == ['{"city": "Oslo"}']
+    assert stream.num_calls == 1
 
 
 @pytest.mark.parametrize("choice", ["required", "named"])
