@@ -38,6 +38,7 @@ class Tools:
     functions: dict[str, dict]
     descriptions: dict[str, str]
     choice: str  # "auto" | "required" | "none" | a function's name
+    parallel: bool = True  # False: at most one call per answer (parallel_tool_calls)
 
     @property
     def active(self) -> bool:
@@ -78,8 +79,10 @@ class Tools:
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, tool_calls): every well-formed block naming a known function becomes a call;
         the text around the blocks is the content (None when empty)."""
-        calls = []
+        calls: list[dict] = []
         for block in _CALL.findall(text):
+            if calls and not self.parallel:
+                break
             try:
                 call = json.loads(block)
             except ValueError:
@@ -136,6 +139,9 @@ class ToolCallStream:
             content.append(self.held[:start])
             block = self.held[start:end]
             found = self.tools.parse(block)[1]
+            if found and self.num_calls + len(calls) and not self.tools.parallel:
+                found = []  # one call only: a later block is dropped, not shown as content
+                block = ""
             calls += found
             if not found:
                 content.append(block)
@@ -213,7 +219,10 @@ def parse_tools(body: dict) -> Tools | None:
         choice = name
     elif choice not in ("auto", "required", "none"):
         raise ToolError("'tool_choice' must be auto, required, none or a function", "tool_choice")
-    return Tools(functions, descriptions, choice)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ToolError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    return Tools(functions, descriptions, choice, parallel)
 
 
 def messages_with_tools(messages: list[dict], tools: Tools | None) -> list[dict]:

@@ -100,6 +100,13 @@ def test_tool_call_blocks_are_parsed():
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
     assert tools.parse("no calls here") == ("no calls here", [])
+    two = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>' * 2
+    assert len(tools.parse(two)[1]) == 2
+    single = Tools({"get_weather": {}}, {"get_weather": ""}, "auto", parallel=False)
+    assert len(single.parse(two)[1]) == 1  # parallel_tool_calls: false
+    stream = ToolCallStream(single)
+    assert [len(stream.feed(b)[1]) for b in (two[: len(two) // 2], two[len(two) // 2 :])] == [1, 0]
+    assert parse_tools({"tools": [WEATHER], "parallel_tool_calls": False}).parallel is False
 
 
 @pytest.mark.parametrize("piece", [1, 3, 1000])
