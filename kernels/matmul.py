@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from lanes.kernels.common import interpreting
+from lanes.packed import PackedWeight
 
 BLOCK_K = 64
 _SMALL_M = 64  # up to this many rows: parallel segments
@@ -94,7 +95,9 @@ def tickets(device: torch.device, count: int) -> torch.Tensor:
 @triton.jit
 def _matmul_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K]
+    w_ptr,  # [N, K], or PACKED: int32 codes [N, K * BITS / 32]
+    scale_ptr,  # PACKED: [N, K / GROUP] scales, or dummy
+    shift_ptr,  # PACKED: [N, K / GROUP] biases (w = scale * code + bias), or dummy
     bias_ptr,  # [N] or dummy
     out_ptr,  # [M, N]
     part_ptr,  # [SPLIT, M, N] fp32 partials (PARTIAL) or dummy
@@ -104,6 +107,7 @@ def _matmul_kernel(
     K,
     stride_xm,
     stride_wn,
+    stride_sn,  # PACKED: the scales' (and biases') row stride
     SEG_K,  # K / SPLIT: a runtime value, so a one-block segment is still a loop (a constant
     # one-iteration loop lets Triton fold `total += dot(a, b, 0)` into `dot(a, b, total)`, which
     # rounds differently from the partials' separate sums)
@@ -111,6 +115,9 @@ def _matmul_kernel(
     PARTIAL: tl.constexpr,  # one segment per program; the tile's last arrival reduces
     HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,  # compute in fp32 (fp32 models and the CPU interpreter)
+    PACKED: tl.constexpr,  # affine codes (MLX): dequantized in registers, tile by tile
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -136,9 +143,23 @@ def _matmul_kernel(
             a = tl.load(
                 x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
             )
-            b = tl.load(
-                w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
-            )
+            if PACKED:  # as lanes.packed.dequantize: scale * code + bias in fp32, then the dtype
+                per_word = 32 // BITS
+                word = tl.load(
+                    w_ptr + rn[:, None] * stride_wn + (k // per_word)[None, :],
+                    mask=mask_n[:, None],
+                    other=0,
+                )
+                code = (word >> ((k % per_word) * BITS)[None, :]) & ((1 << BITS) - 1)
+                groups = rn[:, None] * stride_sn + (k // GROUP)[None, :]
+                scale = tl.load(scale_ptr + groups, mask=mask_n[:, None], other=0.0)
+                shift = tl.load(shift_ptr + groups, mask=mask_n[:, None], other=0.0)
+                b = code.to(tl.float32) * scale.to(tl.float32) + shift.to(tl.float32)
+                b = b.to(x_ptr.dtype.element_ty)  # the dequantized weight's own rounding
+            else:
+                b = tl.load(
+                    w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
+                )
             if UPCAST:  # a true fp32 product, no TF32
                 acc = tl.dot(
                     a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee"
@@ -174,18 +195,28 @@ def _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: 
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant."""
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+def matmul(
+    x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant. w may be a
+    PackedWeight (MLX affine codes, 2/4/8 bits): dequantized tile by tile in registers, the
+    same reduction as a float weight."""
+    packed = isinstance(w, PackedWeight)
+    if x.dim() != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
             f"matmul needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}"
         )
     if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"matmul dtypes: x {x.dtype}, w {w.dtype}")
-    if x.stride(1) != 1 or w.stride(1) != 1:
+    if x.stride(1) != 1 or (w.codes if packed else w).stride(1) != 1:
         raise ValueError("matmul needs unit stride along K")
-    m, k = x.shape
-    n = w.shape[0]
+    m = x.shape[0]
+    n, k = w.shape
+    if packed and (w.bits not in (2, 4, 8) or k % w.group or not w.scales.is_contiguous()):
+        raise ValueError(
+            f"packed weights: 2, 4 or 8 bits and K a multiple of the group, got {w.bits} bits, "
+            f"group {w.group}, K {k}"
+        )
     if k % BLOCK_K:
         raise ValueError(f"K ({k}) must be a multiple of {BLOCK_K}")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
@@ -216,7 +247,9 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         grid = grid_mn
     _matmul_kernel[grid](
         x,
-        w,
+        w.codes.view(torch.int32) if packed else w,
+        w.scales if packed else out,
+        w.biases if packed else out,
         bias if bias is not None else out,
         out,
         parts,
@@ -225,12 +258,16 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         n,
         k,
         x.stride(0),
-        w.stride(0),
+        (w.codes if packed else w).stride(0),
+        w.scales.stride(0) if packed else 0,
         SEG_K=k // plan.split,
         SPLIT=plan.split,
         PARTIAL=partial,
         HAS_BIAS=bias is not None,
         UPCAST=interpreting() or x.dtype == torch.float32,
+        PACKED=packed,
+        BITS=w.bits if packed else 0,
+        GROUP=w.group if packed else 0,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=BLOCK_K,
@@ -246,8 +283,10 @@ def _prefill_stages(device: torch.device) -> int:
     return 4 if torch.cuda.get_device_capability(device)[0] >= 9 else 2
 
 
-def ref_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The same math in plain torch (fp32 accumulation)."""
+def ref_matmul(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The same math in plain torch (fp32 accumulation; a PackedWeight dequantized first)."""
+    if isinstance(w, PackedWeight):
+        w = w.rows(0, w.shape[0])
     out = x.float() @ w.float().T
     if bias is not None:
         out = out + bias.float()

@@ -49,6 +49,28 @@ def _matmul_cases(dtype, device, gen):
     return out
 
 
+def _packed_cases(dtype, device, gen):
+    """MLX affine codes of 2, 4 and 8 bits: random words, scales and biases."""
+    from lanes.packed import PackedWeight
+
+    out = []
+    for m, n, k, bits, group in [(1, 96, 128, 4, 64), (19, 64, 256, 8, 32), (5, 40, 128, 2, 64)]:
+        words = torch.randint(0, 2**32, (n, k * bits // 32), generator=gen, dtype=torch.int64)
+        codes = words.to(torch.uint32).to(device)
+        # weights centred on zero, about k**-0.5 in size: outputs stay O(1)
+        scale = torch.rand((n, k // group), generator=gen) * k**-0.5 / 2**bits
+        scales = scale.to(device, dtype)
+        biases = (-scale * (2**bits - 1) / 2).to(device, dtype)
+        out.append(
+            (
+                _rand((m, k), dtype, device, gen),
+                PackedWeight(codes, scales, biases, bits, group),
+                None,
+            )
+        )
+    return out
+
+
 def _silu_mul_cases(dtype, device, gen):
     return [(_rand((m, 2 * i), dtype, device, gen, 3.0),) for m, i in [(1, 64), (7, 1500)]]
 
@@ -201,6 +223,17 @@ REGISTRY: list[KernelSpec] = [
         "split-K fixed by (N, K), reduced in-kernel by the last arrival",
         _LOW,
         _matmul_cases,
+    ),
+    KernelSpec(
+        "matmul_packed",
+        matmul.matmul,
+        matmul.ref_matmul,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "a PackedWeight (MLX affine codes, 2/4/8 bits, K a multiple of the group): dequantized "
+        "in registers tile by tile, the float matmul's reduction and plans",
+        _LOW,
+        _packed_cases,
     ),
     KernelSpec(
         "silu_mul",

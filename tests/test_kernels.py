@@ -38,6 +38,7 @@ def test_registry_is_complete():
     names = {s.name for s in REGISTRY}
     assert names == {
         "matmul",
+        "matmul_packed",
         "silu_mul",
         "add_rms_norm",
         "rope",
@@ -70,6 +71,24 @@ def test_matmul_rows_do_not_depend_on_m(dtype, n, k):
         batch = torch.cat([x[:5], row, x[6:m]])
         assert torch.equal(matmul.matmul(batch, w, bias)[5:6], alone), m
     assert not matmul.tickets(torch.device(DEVICE), 1).any()  # every ticket back at zero
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_matmul_rows_do_not_depend_on_m(dtype):
+    """4-bit MLX codes dequantized in the kernel: the split-K path and the one-program path give
+    a row the same bits, as with float weights."""
+    from lanes.packed import PackedWeight
+
+    gen = torch.Generator().manual_seed(3)
+    n, k = 64, 512
+    assert matmul.split_for(n, k, DEVICE) > 1
+    codes = torch.randint(0, 2**32, (n, k // 8), generator=gen, dtype=torch.int64)
+    scales = (torch.rand((n, k // 64), generator=gen) * k**-0.5 / 16).to(DEVICE, dtype)
+    w = PackedWeight(codes.to(torch.uint32).to(DEVICE), scales, -7.5 * scales, 4, 64)
+    x = torch.randn((128, k), generator=gen).to(DEVICE, dtype)
+    alone = matmul.matmul(x[5:6], w)
+    for m in (37, 128):
+        assert torch.equal(matmul.matmul(x[:m], w)[5:6], alone), m
 
 
 def _chunks() -> tuple[int, ...]:
