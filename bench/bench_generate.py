@@ -2,6 +2,8 @@
 
     python bench/bench_generate.py [--model M] [--device cpu] [--new-tokens 64] [--repeats 5]
         [--modes exact,fast] [--dtypes auto]      (e.g. --modes exact --dtypes float32,bfloat16)
+        [--row-tiles 16,2]     (exact mode on the CPU: the linears' fixed row tile, lanes.ops.ROW_TILE)
+        [--prefill 1000]       (also: time to first token of a fresh prompt of that many tokens)
 
 Prints a table and writes bench/results/generate-<device>.json. Modes alternate (A B A B) so drift
 hits both; the first run of each mode is a warm-up and is dropped.
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lanes import EngineConfig, SamplingParams, build_engine
+from lanes import EngineConfig, SamplingParams, build_engine, ops
 from lanes.models import open_checkpoint
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -32,33 +34,51 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--modes", default="exact,fast")
     ap.add_argument("--dtypes", default="auto", help="comma-separated: auto, float32, bfloat16")
+    ap.add_argument("--row-tiles", default=None, help="comma-separated ROW_TILE values to compare")
+    ap.add_argument("--prefill", type=int, default=0, help="also time a fresh N-token prompt")
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
     dtypes = args.dtypes.split(",")
-    engines = {
-        mode if len(dtypes) == 1 else f"{mode}-{dtype}": build_engine(
-            checkpoint=ckpt,
-            config=EngineConfig(device=args.device, exact=mode == "exact", dtype=dtype),
-        )
-        for mode in args.modes.split(",")
-        for dtype in dtypes
-    }
+    tiles = [int(t) for t in args.row_tiles.split(",")] if args.row_tiles else [ops.ROW_TILE]
+    engines, row_tile = {}, {}
+    for mode in args.modes.split(","):
+        for dtype in dtypes:
+            for tile in tiles:
+                name = mode + (f"-{dtype}" if len(dtypes) > 1 else "")
+                name += f"-tile{tile}" if len(tiles) > 1 else ""
+                engines[name] = build_engine(
+                    checkpoint=ckpt,
+                    config=EngineConfig(device=args.device, exact=mode == "exact", dtype=dtype),
+                )
+                row_tile[name] = tile  # each engine its own prompt cache: no KV crosses tiles
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {m: [] for m in engines}
+    ttfts: dict[str, list[float]] = {m: [] for m in engines}
+    long_prompt = [(7 * i) % 1000 + 10 for i in range(args.prefill)]  # token ids, no template
     prompt_len = 0
     for i in range(args.repeats + 1):
         for mode, engine in engines.items():
+            ops.ROW_TILE = row_tile[mode]
             start = time.perf_counter()
             (out,) = engine.generate([PROMPT], params)
             if i > 0:
                 times[mode].append(time.perf_counter() - start)
             prompt_len = len(out.prompt_ids)
+            if args.prefill and i > 0:  # a fresh prompt each time: nothing from the cache
+                first = SamplingParams(max_tokens=1, ignore_eos=True)
+                (out,) = engine.generate([long_prompt], first, cache_salt=f"prefill{i}")
+                ttfts[mode].append(out.ttft)
     rows = {
         mode: {
             "median_s": statistics.median(t),
             "tok_per_s": args.new_tokens / statistics.median(t),
             "runs_s": t,
+            **(
+                {f"prefill_{args.prefill}_s": statistics.median(ttfts[mode])}
+                if args.prefill
+                else {}
+            ),
         }
         for mode, t in times.items()
     }
@@ -77,8 +97,15 @@ def main() -> None:
         f"{'mode':6} {'median s':>9} {'tok/s':>7}   (prompt {prompt_len}, {args.new_tokens} new, batch 1)"
     )
     for mode, r in rows.items():
-        print(f"{mode:14} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}")
-    tag = "" if args.modes == "exact,fast" and args.dtypes == "auto" else "-" + "-".join(engines)
+        extra = (
+            f"   prefill {args.prefill}: {r[f'prefill_{args.prefill}_s']:.2f} s"
+            if args.prefill
+            else ""
+        )
+        print(f"{mode:14} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}{extra}")
+    result["row_tiles"] = row_tile
+    plain = args.modes == "exact,fast" and args.dtypes == "auto" and len(tiles) == 1
+    tag = "" if plain else "-" + "-".join(engines)
     out = Path(__file__).parent / "results" / f"generate-{args.device}{tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
