@@ -90,7 +90,7 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
         if matcher.is_error():
             raise ValueError(f"the {grammar.kind} is not valid: {matcher.get_error()[:300]}")
-        return GrammarCursor(matcher, self.vocab_size)
+        return GrammarCursor(matcher, self.vocab_size, self._tokenizer.eos_tokens)
 
 
 class GrammarCursor:
@@ -98,25 +98,30 @@ class GrammarCursor:
     it shares with what it consumed, then fed the rest. Tokens the grammar forbids (a rejected
     draft) are never fed; positions after one are never sampled from."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int]) -> None:
         self._matcher = matcher
         self._vocab_size = vocab_size
+        self._eos_ids = [t for t in eos_ids if t < vocab_size]
         self._consumed: list[int] = []
 
     def allowed(self, output_ids: Sequence[int]) -> torch.Tensor:
-        """Bool [vocab]: the tokens the grammar allows after output_ids."""
+        """Bool [vocab]: the tokens the grammar allows after output_ids. Past the grammar's end
+        (an EOS kept by ignore_eos) nothing is left to allow: EOS then, never an empty row."""
         self._move_to(list(output_ids))
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         mask = np.unpackbits(bits, bitorder="little")[: self._vocab_size].astype(bool)
         if mask.shape[0] < self._vocab_size:  # ids past the tokenizer's: never allowed
             mask = np.concatenate([mask, np.zeros(self._vocab_size - mask.shape[0], bool)])
+        if not mask.any():
+            mask[self._eos_ids] = True
         return torch.from_numpy(mask)
 
     def _move_to(self, output: list[int]) -> None:
-        shared = 0
-        limit = min(len(output), len(self._consumed))
-        while shared < limit and output[shared] == self._consumed[shared]:
-            shared += 1
+        shared = len(self._consumed)
+        if output[:shared] != self._consumed:  # drafts changed: find where they part
+            shared, limit = 0, min(len(output), len(self._consumed))
+            while shared < limit and output[shared] == self._consumed[shared]:
+                shared += 1
         if shared < len(self._consumed):
             self._matcher.rollback(len(self._consumed) - shared)
             del self._consumed[shared:]

@@ -70,6 +70,19 @@ def test_outputs_match_their_grammar(tiny_models, sampling):
     assert all(_text(engine, o) in choices for o in engine.generate(PROMPTS, choice))
 
 
+def test_past_the_grammars_end_only_eos(tiny_models):
+    """ignore_eos keeps a finished grammar's lane going: each further row allows only EOS (a
+    row with nothing allowed would have no distribution to sample)."""
+    path, _ = tiny_models["llama"]
+    engine = build_engine(str(path))
+    params = SamplingParams(max_tokens=12, ignore_eos=True, grammar=Grammar.choice(["red"]))
+    for sampling in ({}, SEEDED):
+        (out,) = engine.generate(["fox"], dataclasses.replace(params, **sampling))
+        ids = out.token_ids
+        assert engine.tokenizer.decode(ids) == "red" and out.finish_reason == "length"
+        assert len(ids) == 12 and set(ids[-8:]) <= engine.eos_token_ids
+
+
 def test_negative_control_a_sampler_that_ignores_the_mask(tiny_models, monkeypatch):
     """Without the mask the same model writes no valid JSON: the schema test can fail."""
     monkeypatch.setattr("lanes.engine.apply_mask", lambda row, allowed: row)
