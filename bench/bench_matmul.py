@@ -17,6 +17,20 @@ from bench.kernel_check import LAYERS_8B, LAYERS_SMOLLM2
 from lanes.kernels import matmul
 
 
+def event_us(run, repeats: int) -> float:
+    """Median microseconds of run(), CUDA-event timed, over `repeats` calls after one warm-up."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
 def graph_us(fn, replays: int = 50, repeats: int = 5) -> float:
     """Median microseconds per call of fn, captured `replays` times in one CUDA graph."""
     fn()
@@ -24,15 +38,7 @@ def graph_us(fn, replays: int = 50, repeats: int = 5) -> float:
     with torch.cuda.graph(graph):
         for _ in range(replays):
             fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    return statistics.median(times)
+    return event_us(graph.replay, repeats) / replays
 
 
 def forced(plan):

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
 
+from bench.bench_matmul import event_us
 from bench.kernel_check import LAYERS_8B
 from lanes.kernels import matmul
 
@@ -44,30 +44,17 @@ def launch(x, w, out, plan, block_m, block_n, warps, stages):
     )  # fmt: skip
 
 
-def time_us(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
 def shape_row(n: int, k: int, rows: int, plan) -> dict:
     w = torch.randn((n, k), device="cuda", dtype=torch.bfloat16) * k**-0.5
     x = torch.randn((rows, k), device="cuda", dtype=torch.bfloat16)
     decode = torch.cat([matmul.matmul(x[:1], w), matmul.matmul(x[:37], w)[1:]])  # rows 0-36
     flops = 2 * rows * n * k
-    row = {"plan": [plan.block_n, plan.split], "cublas_us": time_us(lambda: F.linear(x, w))}
+    row = {"plan": [plan.block_n, plan.split], "cublas_us": event_us(lambda: F.linear(x, w), 7)}
     row["cublas_tflops"] = flops / row["cublas_us"] / 1e6
     for v in VARIANTS:
         out = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16)
         try:
-            us = time_us(lambda o=out, v=v: launch(x, w, o, plan, *v))
+            us = event_us(lambda o=out, v=v: launch(x, w, o, plan, *v), 7)
         except Exception as e:  # out of shared memory, etc.
             row[str(v)] = {"error": str(e)[:120]}
             continue

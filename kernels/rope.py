@@ -22,15 +22,11 @@ def _rope_kernel(
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
-    i = tl.arange(0, BLOCK)
-    mask = i < HALF
     base = (t * H + h) * 2 * HALF
-    x1 = tl.load(x_ptr + base + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + base + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    c = tl.load(cos_ptr + t * HALF + i, mask=mask, other=0.0)
-    s = tl.load(sin_ptr + t * HALF + i, mask=mask, other=0.0)
-    tl.store(out_ptr + base + i, (x1 * c - x2 * s).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + base + HALF + i, (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=mask)
+    cos_row, sin_row = cos_ptr + t * HALF, sin_ptr + t * HALF
+    _rope_head(
+        x_ptr + base, out_ptr + base, cos_row, sin_row, x_ptr, 0.0, 2 * HALF, False, HALF, BLOCK
+    )
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

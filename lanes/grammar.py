@@ -133,9 +133,6 @@ class GrammarCursor:
 
 
 def apply_mask(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """row [vocab] float32 with the forbidden tokens at -inf."""
-    allowed = allowed.to(row.device)
-    if allowed.shape[0] < row.shape[0]:  # logits rows padded past the vocabulary
-        pad = torch.zeros(row.shape[0] - allowed.shape[0], dtype=torch.bool, device=row.device)
-        allowed = torch.cat([allowed, pad])
-    return row.float().masked_fill(~allowed[: row.shape[0]], float("-inf"))
+    """row [vocab] float32 with the forbidden tokens at -inf (allowed: the cursor's mask, already
+    the model's vocabulary long)."""
+    return row.float().masked_fill(~allowed.to(row.device), float("-inf"))
