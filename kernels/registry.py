@@ -199,11 +199,15 @@ def _greedy_cases(dtype, device, gen):
 
 def _sampling_cases(dtype, device, gen):
     out = []
-    for r, v in [(4, 300), (3, 2000)]:
+    for r, v, ties in [(4, 300, None), (3, 2000, None), (6, 3000, "bf16"), (6, 500, "round")]:
         logits = _rand((r, v), torch.float32, device, gen, 3.0)
-        temps = torch.tensor([0.0, 0.7, 1.0, 1.3][:r])
-        top_k = torch.tensor([0, 0, 20, 5][:r], dtype=torch.int32)
-        top_p = torch.tensor([1.0, 0.9, 1.0, 0.5][:r])
+        if ties == "bf16":  # logits as a bf16 LM head writes them: many equal values
+            logits = logits.to(torch.bfloat16).float()
+        elif ties == "round":  # ties everywhere, at the top-k and nucleus edges too
+            logits = torch.round(logits)
+        temps = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.5, 0.9][:r])
+        top_k = torch.tensor([0, 0, 20, 5, 1, 40][:r], dtype=torch.int32)
+        top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 0.3, 0.95][:r])
         seeds = [int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in range(r)]
         positions = [int(torch.randint(0, 10**6, (1,), generator=gen)) for _ in range(r)]
         out.append((logits, temps, top_k, top_p, seeds, positions))
@@ -312,8 +316,9 @@ REGISTRY: list[KernelSpec] = [
         sampling.ref_sample_tokens,
         (torch.float32,),
         True,
-        "logits [R, V] contiguous; top-k/top-p by bisection; tokens equal to the sorting "
-        "reference, their logprobs within 1e-5",
+        "logits [R, V] contiguous; top-k/top-p without a sort (present-value searches, a walk "
+        "up the sorted order); tokens equal to the sorting reference, ties included, their "
+        "logprobs within 1e-5",
         {torch.float32: (1e-5, 1e-5)},
         _sampling_cases,
     ),

@@ -2,10 +2,19 @@
 over the top-k / top-p set, one program per row. The Gumbel noise is the same counter-based hash
 of (seed, position, token) as lanes.sampling, so a row's token never depends on the batch.
 
-A greedy row takes one pass over the vocabulary (argmax and an online log-sum-exp); a sampled row
-takes several. Top-k and top-p are thresholds found by bisection (no sort): top-k keeps z >= the largest value
-v with #(z >= v) >= k; top-p keeps p >= the largest tau with mass(p >= tau) >= top_p, i.e. the
-smallest most-likely set reaching top_p, as the sorting reference does.
+Sets are those of the sorting reference (lanes.sampling): top-k keeps z >= the k-th largest z
+(ties kept); top-p then keeps token u iff the mass of the tokens sorted before it (z descending,
+ties by id) is below top_p. No sort: a greedy row takes one pass over the vocabulary (argmax and
+an online log-sum-exp), and so does a sampled row without top-k or top-p (the noisy argmax rides
+along). The rest are passes that each learn something exact:
+  - top-k: a bisection over z whose ends are z values present in the row, stopped as soon as the
+    k-th largest value is pinned (usually a handful of passes, not 40 halvings);
+  - top-p, the token: the noisy argmax t over a candidate set, then one pass that sums the mass
+    sorted before t (t is in the nucleus iff that is below top_p) and, in the same pass, finds the
+    noisy argmax over the tokens sorted before t, the next candidate if t is out. The argmax
+    over a set that holds the nucleus is the nucleus' argmax as soon as it lies inside it;
+  - top-p, the log-probability's normaliser: the nucleus' last value by the same present-value
+    bisection (on mass), then one pass that keeps that value's ties in id order.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import triton.language as tl
 
 from lanes.kernels.common import check
 
-_BISECT = 40  # float32 thresholds: 40 halvings reach the resolution of the interval's floats
+MAX_SEARCH = 64  # passes of a bisection; each pass pins a present value, so it ends far sooner
 BLOCK_V = 8192  # with 16 warps: a 128K-vocabulary row in 16 steps (one program per row)
 
 
@@ -60,6 +69,132 @@ def _greedy_row(base, V, cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _z_block(base, start, cols, V, inv_t):
+    """Token ids, in-row mask and z = logits / T of one block."""
+    idx = start + cols
+    inside = idx < V
+    z = tl.load(base + idx, mask=inside, other=0.0).to(tl.float32) * inv_t
+    return idx, inside, z
+
+
+@triton.jit
+def _noisy_argmax(z, idx, eligible, seed_lo, seed_hi, pos, V, best, best_i, best_z):
+    """Fold one block into a running argmax of z + gumbel over the eligible tokens (ties to the
+    lowest id); returns the new (best score, token, its z)."""
+    noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
+    score = tl.where(eligible, z + noise, float("-inf"))
+    m = tl.max(score, axis=0)
+    i = tl.min(tl.where(score == m, idx, V), axis=0)
+    zi = tl.sum(tl.where(idx == i, z, 0.0), axis=0)
+    take = m > best
+    return tl.where(take, m, best), tl.where(take, i, best_i), tl.where(take, zi, best_z)
+
+
+@triton.jit
+def _split(base, V, inv_t, z_max, k_thr, mid, cols, USE_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass over the top-k set (z >= k_thr) around a threshold `mid`: the weight of z >= mid,
+    the smallest present z >= mid with its weight, and the largest present z < mid with its
+    weight. Weight: the count of tokens, or their mass exp(z - z_max) (USE_MASS)."""
+    w_ge = 0.0
+    z_up = float("inf")
+    w_up = 0.0
+    z_dn = float("-inf")
+    w_dn = 0.0
+    for start in range(0, V, BLOCK):
+        idx, inside, z = _z_block(base, start, cols, V, inv_t)
+        live = inside & (z >= k_thr)
+        if USE_MASS:  # noqa: SIM108 (a compile-time branch)
+            w = tl.where(live, tl.exp(z - z_max), 0.0)
+        else:
+            w = tl.where(live, 1.0, 0.0)
+        up = live & (z >= mid)
+        w_ge += tl.sum(tl.where(up, w, 0.0), axis=0)
+        b_up = tl.min(tl.where(up, z, float("inf")), axis=0)
+        bw_up = tl.sum(tl.where(up & (z == b_up), w, 0.0), axis=0)
+        w_up = tl.where(b_up < z_up, bw_up, tl.where(b_up == z_up, w_up + bw_up, w_up))
+        z_up = tl.minimum(z_up, b_up)
+        dn = live & (z < mid)
+        b_dn = tl.max(tl.where(dn, z, float("-inf")), axis=0)
+        bw_dn = tl.sum(tl.where(dn & (z == b_dn), w, 0.0), axis=0)
+        w_dn = tl.where(b_dn > z_dn, bw_dn, tl.where(b_dn == z_dn, w_dn + bw_dn, w_dn))
+        z_dn = tl.maximum(z_dn, b_dn)
+    return w_ge, z_up, w_up, z_dn, w_dn
+
+
+@triton.jit
+def _kth_value(
+    base, V, inv_t, z_min, z_max, top_k, cols, SEARCH: tl.constexpr, BLOCK: tl.constexpr
+):
+    """The k-th largest z of the row (the top-k threshold; ties kept): the largest present value
+    c with #(z >= c) >= k. lo is always such a value, hi never is."""
+    k = top_k.to(tl.float32)
+    lo = z_min
+    hi = z_max + 1.0
+    found = lo
+    done = 0
+    steps = 0
+    while (done == 0) & (steps < SEARCH):
+        mid = lo + (hi - lo) * 0.5
+        mid = tl.where(mid <= lo, hi, mid)
+        n_ge, z_up, n_up, z_dn, n_dn = _split(
+            base, V, inv_t, z_max, float("-inf"), mid, cols, False, BLOCK
+        )
+        if n_ge >= k:  # z_up qualifies; so does nothing above it when n_ge - n_up < k
+            lo = z_up
+            found = z_up
+            done = (n_ge - n_up < k).to(tl.int32)
+        else:  # nothing >= mid qualifies; z_dn does when its ties bring the count to k
+            hi = z_dn
+            pinned = n_ge + n_dn >= k
+            found = tl.where(pinned, z_dn, found)
+            done = pinned.to(tl.int32)
+        steps += 1
+    return found
+
+
+@triton.jit
+def _nucleus_value(
+    base,
+    V,
+    inv_t,
+    z_max,
+    k_thr,
+    inside_mass,
+    z_in,
+    z_floor,
+    cols,
+    SEARCH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The nucleus' last value: the smallest present z whose strictly larger values hold less
+    mass than inside_mass (= top_p x the top-k set's mass); z_in is a value known to be inside,
+    z_floor one below every value. Returns (that value, the mass of the values above it)."""
+    lo = z_floor  # below every value: outside
+    hi = z_in
+    found = z_in
+    above = 0.0
+    done = 0
+    steps = 0
+    while (done == 0) & (steps < SEARCH):
+        mid = lo + (hi - lo) * 0.5
+        mid = tl.where(mid <= lo, hi, mid)
+        m_ge, z_up, m_up, z_dn, m_dn = _split(base, V, inv_t, z_max, k_thr, mid, cols, True, BLOCK)
+        if m_ge < inside_mass:  # z_dn (all values >= mid above it) is inside: search below
+            hi = z_dn
+            found = z_dn
+            above = m_ge
+            done = (z_dn == float("-inf")).to(tl.int32)
+        elif m_ge - m_up < inside_mass:  # z_dn is out and z_up is in: z_up is the last value
+            found = z_up
+            above = m_ge - m_up
+            done = 1
+        else:
+            lo = z_up
+        steps += 1
+    return found, above
+
+
+@triton.jit
 def _sample_kernel(
     logits_ptr,  # [R, V]
     temp_ptr,  # [R] fp32 (0: greedy)
@@ -72,96 +207,94 @@ def _sample_kernel(
     logprob_ptr,  # [R] fp32: log-probability of the chosen token under the sampled distribution
     V,
     BLOCK: tl.constexpr,
-    BISECT: tl.constexpr,
+    SEARCH: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * V
     temp = tl.load(temp_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
-    greedy = temp == 0.0
     cols = tl.arange(0, BLOCK)
-    if greedy:
+    if temp == 0.0:
         token, logprob = _greedy_row(base, V, cols, BLOCK)
         tl.store(out_ptr + row, token.to(tl.int64))
         tl.store(logprob_ptr + row, logprob)
     else:
         inv_t = 1.0 / temp
-
-        # max and min of z = logits / T
-        z_max = float("-inf")
-        z_min = float("inf")
-        for start in range(0, V, BLOCK):
-            mask = start + cols < V
-            z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-            z_max = tl.maximum(z_max, tl.max(tl.where(mask, z, float("-inf")), axis=0))
-            z_min = tl.minimum(z_min, tl.min(tl.where(mask, z, float("inf")), axis=0))
-
-        # top-k: the largest threshold keeping at least top_k values
-        k_thr = z_min
-        if (top_k > 0) & (top_k < V):
-            lo = z_min
-            hi = z_max
-            for _ in range(BISECT):
-                mid = lo + (hi - lo) * 0.5
-                count = 0
-                for start in range(0, V, BLOCK):
-                    mask = start + cols < V
-                    z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-                    count += tl.sum(tl.where(mask & (z >= mid), 1, 0), axis=0)
-                keep_mid = count >= top_k
-                lo = tl.where(keep_mid, mid, lo)
-                hi = tl.where(keep_mid, hi, mid)
-            k_thr = lo
-
-        # softmax normaliser over the top-k set, then the top-p threshold on probabilities
-        total = 0.0
-        for start in range(0, V, BLOCK):
-            mask = start + cols < V
-            z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-            total += tl.sum(tl.where(mask & (z >= k_thr), tl.exp(z - z_max), 0.0), axis=0)
-        p_thr = 0.0
-        if top_p < 1.0:
-            lo = 0.0
-            hi = 1.0
-            for _ in range(BISECT):
-                mid = lo + (hi - lo) * 0.5
-                mass = 0.0
-                for start in range(0, V, BLOCK):
-                    mask = start + cols < V
-                    z = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
-                    p = tl.exp(z - z_max) / total
-                    mass += tl.sum(tl.where(mask & (z >= k_thr) & (p >= mid), p, 0.0), axis=0)
-                keep_mid = mass >= top_p
-                lo = tl.where(keep_mid, mid, lo)
-                hi = tl.where(keep_mid, hi, mid)
-            p_thr = lo
-
-        # argmax of z (+ noise) over the kept set; ties go to the lowest token id
         seed_lo = tl.load(seed_lo_ptr + row).to(tl.uint32)
         seed_hi = tl.load(seed_hi_ptr + row).to(tl.uint32)
         pos = tl.load(pos_ptr + row).to(tl.uint32)
+
+        # one pass: max, min and (online) softmax normaliser of z, and the noisy argmax of all
+        z_max = float("-inf")
+        z_min = float("inf")
+        total = 0.0
         best = float("-inf")
         best_i = 0
         best_z = 0.0
-        kept_total = 0.0  # the normaliser of the distribution sampled from (top-k and top-p set)
         for start in range(0, V, BLOCK):
-            idx = start + cols
-            mask = idx < V
-            z = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32) * inv_t
-            keep = mask & (z >= k_thr) & (tl.exp(z - z_max) / total >= p_thr)
-            kept_total += tl.sum(tl.where(keep, tl.exp(z - z_max), 0.0), axis=0)
-            score = z + _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
-            score = tl.where(keep, score, float("-inf"))
-            m = tl.max(score, axis=0)
-            i = tl.min(tl.where(score == m, idx, V), axis=0)
-            zi = tl.sum(tl.where(idx == i, z, 0.0), axis=0)
-            take = m > best
-            best_i = tl.where(take, i, best_i)
-            best_z = tl.where(take, zi, best_z)
-            best = tl.where(take, m, best)
+            idx, inside, z = _z_block(base, start, cols, V, inv_t)
+            new_max = tl.maximum(z_max, tl.max(tl.where(inside, z, float("-inf")), axis=0))
+            part = tl.sum(tl.where(inside, tl.exp(z - new_max), 0.0), axis=0)
+            total = total * tl.exp(z_max - new_max) + part
+            z_max = new_max
+            z_min = tl.minimum(z_min, tl.min(tl.where(inside, z, float("inf")), axis=0))
+            best, best_i, best_z = _noisy_argmax(
+                z, idx, inside, seed_lo, seed_hi, pos, V, best, best_i, best_z
+            )
+
+        # top-k: the set z >= k_thr, its mass and its noisy argmax
+        k_thr = float("-inf")
+        if (top_k > 0) & (top_k < V):
+            k_thr = _kth_value(base, V, inv_t, z_min, z_max, top_k, cols, SEARCH, BLOCK)
+            total = 0.0
+            best = float("-inf")
+            for start in range(0, V, BLOCK):
+                idx, inside, z = _z_block(base, start, cols, V, inv_t)
+                live = inside & (z >= k_thr)
+                total += tl.sum(tl.where(live, tl.exp(z - z_max), 0.0), axis=0)
+                best, best_i, best_z = _noisy_argmax(
+                    z, idx, live, seed_lo, seed_hi, pos, V, best, best_i, best_z
+                )
+
+        norm = total
+        if top_p < 1.0:
+            inside_mass = top_p * total
+            # walk up the sorted order until the candidate is in the nucleus
+            walking = 1
+            while walking != 0:
+                before = 0.0
+                nxt = float("-inf")
+                nxt_i = best_i
+                nxt_z = best_z
+                for start in range(0, V, BLOCK):
+                    idx, inside, z = _z_block(base, start, cols, V, inv_t)
+                    ahead = inside & (z >= k_thr)
+                    ahead = ahead & ((z > best_z) | ((z == best_z) & (idx < best_i)))
+                    before += tl.sum(tl.where(ahead, tl.exp(z - z_max), 0.0), axis=0)
+                    nxt, nxt_i, nxt_z = _noisy_argmax(
+                        z, idx, ahead, seed_lo, seed_hi, pos, V, nxt, nxt_i, nxt_z
+                    )
+                out = before >= inside_mass
+                best_i = tl.where(out, nxt_i, best_i)
+                best_z = tl.where(out, nxt_z, best_z)
+                walking = out.to(tl.int32)
+            # the normaliser: the values above the nucleus' last one, and its ties in id order
+            floor = tl.maximum(z_min, k_thr) - 1.0
+            z_last, above = _nucleus_value(
+                base, V, inv_t, z_max, k_thr, inside_mass, best_z, floor, cols, SEARCH, BLOCK
+            )
+            norm = above
+            ties_before = 0.0
+            for start in range(0, V, BLOCK):
+                idx, inside, z = _z_block(base, start, cols, V, inv_t)
+                tie = inside & (z == z_last)
+                e = tl.where(tie, tl.exp(z - z_max), 0.0)
+                first_mass = above + ties_before + tl.cumsum(e, axis=0) - e
+                norm += tl.sum(tl.where(tie & (first_mass < inside_mass), e, 0.0), axis=0)
+                ties_before += tl.sum(e, axis=0)
         tl.store(out_ptr + row, best_i.to(tl.int64))
-        tl.store(logprob_ptr + row, best_z - z_max - tl.log(kept_total))
+        tl.store(logprob_ptr + row, best_z - z_max - tl.log(norm))
 
 
 @triton.jit
@@ -208,7 +341,8 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of logits [R, V] -> (tokens int64 [R], logprobs fp32 [R]): each token's
     log-probability under the distribution it was sampled from (after temperature, top-k, top-p;
-    greedy rows: the plain log-softmax). Row parameters travel to the device in two copies."""
+    greedy rows: the plain log-softmax). Row parameters (host tensors or lists) travel to the
+    device in two asynchronous copies: nothing here waits for work already queued."""
     check(logits.dim() == 2 and logits.is_contiguous(), "logits must be contiguous [R, V]")
     r, v = logits.shape
     check(
@@ -217,6 +351,7 @@ def sample_tokens(
     )
     check(len(seeds) == len(positions) == r, "one seed and position per row")
     dev = logits.device
+    pin = dev.type == "cuda"
     mask = 0xFFFFFFFF
     ints = torch.tensor(  # [4, R]: seed low and high words, position, top_k
         [
@@ -226,8 +361,11 @@ def sample_tokens(
             [int(k) for k in top_k.tolist()],
         ],
         dtype=torch.int64,
+        pin_memory=pin,
     ).to(dev, non_blocking=True)
-    floats = torch.stack([temperature.float().cpu(), top_p.float().cpu()]).to(dev)  # [2, R]
+    floats = torch.tensor(  # [2, R]: temperature, top_p
+        [temperature.tolist(), top_p.tolist()], dtype=torch.float32, pin_memory=pin
+    ).to(dev, non_blocking=True)
     tokens = torch.empty(r, dtype=torch.int64, device=dev)
     logprobs = torch.empty(r, dtype=torch.float32, device=dev)
     if r:
@@ -243,7 +381,7 @@ def sample_tokens(
             logprobs,
             v,
             BLOCK=BLOCK_V,
-            BISECT=_BISECT,
+            SEARCH=MAX_SEARCH,
             num_warps=16,
         )
     return tokens, logprobs

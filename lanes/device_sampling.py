@@ -1,16 +1,20 @@
-"""Greedy tokens of many logits rows at once, left on the device: what overlapped rounds and
-device-chained drafting read from, without waiting for a copy to the host.
+"""Tokens of many logits rows at once, left on the device: what overlapped rounds, the batched
+read-back of a forward and device-chained drafting read from, without a copy to the host each.
 
-Triton's one-pass kernel (lanes.kernels.sampling.greedy_tokens) where the ops are Triton, the
-plain-torch reference elsewhere; both give lanes.sampling.sample_row's greedy token (ties to the
-lowest id) and its log-softmax.
+Triton's kernels (lanes.kernels.sampling: greedy_tokens, and sample_tokens for position-keyed
+sampled rows) where the ops are Triton; elsewhere the host path's own functions, so a lane's
+tokens are those of lanes.sampling.sample_row on either path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from lanes.sampling import SamplingParams
 
 
 def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,6 +23,37 @@ def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, t
 
     logits = logits.contiguous()
     return greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    rows: Sequence[tuple[SamplingParams, int]],
+    use_triton: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of logits [R, vocab], row i sampled with rows[i] = (params, position):
+    greedy, or position-keyed with temperature, top-k and top-p (params.seed set). Returns
+    (tokens int64 [R], logprobs fp32 [R]) on logits' device: each token's log-probability under
+    the distribution it was sampled from. All-greedy rows take the parameter-free kernel."""
+    if all(p.is_greedy for p, _ in rows):
+        return greedy_rows(logits, use_triton)
+    from lanes.kernels.sampling import sample_tokens
+    from lanes.sampling import sample_row
+
+    logits = logits.contiguous()
+    if not use_triton:  # the host path's function, row by row
+        drawn = [sample_row(logits[i], p, pos, p.seed) for i, (p, pos) in enumerate(rows)]
+        tokens = torch.tensor([t for t, _ in drawn], dtype=torch.int64)
+        logprobs = torch.stack([lp[t].float().cpu() for t, lp in drawn])
+        return tokens.to(logits.device), logprobs.to(logits.device)
+    params = [p for p, _ in rows]
+    return sample_tokens(
+        logits,
+        torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        torch.tensor([p.top_k for p in params], dtype=torch.int64),
+        torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        [p.seed or 0 for p in params],
+        [pos for _, pos in rows],
+    )
 
 
 def to_host(*tensors: torch.Tensor) -> list[list[float]]:

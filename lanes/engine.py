@@ -22,7 +22,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
 from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
-from lanes.device_sampling import greedy_rows, to_host
+from lanes.device_sampling import sample_rows, to_host
 from lanes.draft_costs import (
     DEVICE_MEASURE,
     DEVICE_PAUSE,
@@ -34,7 +34,7 @@ from lanes.draft_costs import (
 )
 from lanes.drafter import Proposer
 from lanes.grammar import GrammarCompiler, apply_mask
-from lanes.inflight import InFlight, launch_greedy
+from lanes.inflight import InFlight, launch_samples
 from lanes.lane import Lane, LaneState
 from lanes.metrics import EngineMetrics, RoundRecord
 from lanes.models import Checkpoint
@@ -348,14 +348,16 @@ class Engine:
     def _overlappable(self, s: Step) -> bool:
         """A step whose round can overlap the next: one greedy decode token, no drafts this
         round, no top_logprobs (sampled on the device), single process."""
-        p = s.lane.params
         return (
             s.num_tokens == 1
             and s.num_logits == 1
             and s.num_drafted == 0
-            and samples_on_device(p)  # greedy, no top_logprobs, no logits processing
+            and self._samples_on_device(s.lane.params)
             and self.comm is None
         )
+
+    def _samples_on_device(self, params: SamplingParams) -> bool:
+        return samples_on_device(params, self.config.verify_mode)
 
     def _launch(self, steps: Sequence[Step], logits: torch.Tensor) -> InFlight:
         """Sample a forward's logits on the device, leaving the tokens in flight; an EAGLE-style
@@ -364,7 +366,7 @@ class Engine:
         hidden = None
         if self._observing and any(self._drafting(s.lane) for s in steps):
             hidden = self.runner.last_hidden[: len(steps)].clone()
-        return launch_greedy(steps, logits, self.ops.name == "triton", hidden)
+        return launch_samples(steps, logits, self.ops.name == "triton", hidden)
 
     def _launch_deferred(self, group: tuple[Step, ...]) -> list[Completion]:
         """Run the forward and sample it on the device; its tokens are taken next step."""
@@ -474,7 +476,8 @@ class Engine:
             not lane.is_finished
             and lane.state is LaneState.DECODE
             and self._drafting(lane)
-            and samples_on_device(lane.params)
+            and lane.params.is_greedy  # the rounds' graph samples greedy rows only
+            and self._samples_on_device(lane.params)
             and dr.reach(lane) <= min(dr.target.max_ctx, dr.head.max_ctx)
         )
 
@@ -717,7 +720,7 @@ class Engine:
                         self.recurrent.after_prefill(s.lane)
                     self._observe(s, rows_hidden)
                     continue
-                if sampled is not None and samples_on_device(s.lane.params):
+                if sampled is not None and self._samples_on_device(s.lane.params):
                     tokens, logprobs = sampled[0][rows], sampled[1][rows]
                     emitted = coupled_from_samples(s.draft_ids, tokens, logprobs)
                     emitted = [(t, lp, None) for t, lp in emitted]
@@ -737,15 +740,18 @@ class Engine:
         self, steps: Sequence[Step], logits: torch.Tensor
     ) -> tuple[tuple[list, list] | None, list[Step]]:
         """What the host needs of a forward, in one copy: with the Triton kernels, the rows of
-        every lane that samples on the device (greedy), sampled in one launch; and the drafts of
-        verify steps whose drafts are still on the device. Returns (tokens, logprobs) by logits
-        row (None for rows not sampled here; None: no row was), and the steps with their draft
-        ids on the host."""
+        every lane that samples on the device (greedy or position-keyed), sampled in one launch;
+        and the drafts of verify steps whose drafts are still on the device. Returns (tokens,
+        logprobs) by logits row (None for rows not sampled here; None: no row was), and the
+        steps with their draft ids on the host."""
         where = []  # logits rows the device samples
+        how = []  # (params, position) of each of them
         row = 0
         for s in (s for s in steps if s.samples):
-            if self.ops.name == "triton" and samples_on_device(s.lane.params):
+            if self.ops.name == "triton" and self._samples_on_device(s.lane.params):
                 where += range(row, row + s.num_logits)
+                first = s.first_sample_position
+                how += [(s.lane.params, first + j) for j in range(s.num_logits)]
             row += s.num_logits
         sources = list(
             {
@@ -759,7 +765,7 @@ class Engine:
             rows = logits
             if len(where) < logits.shape[0]:
                 rows = logits[torch.tensor(where).to(logits.device, non_blocking=True)]
-            parts += greedy_rows(rows, use_triton=True)
+            parts += sample_rows(rows, how, use_triton=True)
         values = to_host(*parts, *sources)
         by_source = {id(src): v for src, v in zip(sources, values[len(parts) :], strict=True)}
         steps = [
@@ -814,7 +820,7 @@ class Engine:
             s.draft_ids,
             s.draft_logprobs,
             p,
-            s.end - s.num_logits + 1,
+            s.first_sample_position,
             process,
         )
         out = []

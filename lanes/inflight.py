@@ -1,4 +1,5 @@
-"""A decode forward launched and sampled on the device but not yet read back.
+"""A decode forward launched and sampled on the device (greedy or seeded rows) but not yet read
+back.
 
 Overlapped rounds: while round N runs, the host launches round N+1 on top of N's samples (each
 lane's next input is row r of N's tokens, copied device to device: `Step.pending_row`), and only
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lanes.device_sampling import greedy_rows
+from lanes.device_sampling import sample_rows
 from lanes.rounds import Step
 
 
@@ -38,15 +39,17 @@ class InFlight:
         return [int(t) for t in tokens], logprobs
 
 
-def launch_greedy(
+def launch_samples(
     steps: Sequence[Step],
     logits: torch.Tensor,
     use_triton: bool,
     hidden: torch.Tensor | None = None,
 ) -> InFlight:
-    """Greedy tokens of logits [num_steps, vocab] (one row per step) and their log-softmax, left
-    on the device, with one asynchronous copy to the host."""
-    tokens, logprobs = greedy_rows(logits, use_triton)
+    """Each step's token from its logits row [num_steps, vocab] (greedy or position-keyed, as the
+    synchronous path samples it) and its logprob, left on the device, with one asynchronous copy
+    to the host."""
+    rows = [(s.lane.params, s.first_sample_position) for s in steps]
+    tokens, logprobs = sample_rows(logits, rows, use_triton)
     both = torch.stack([tokens.double(), logprobs.double()])  # token ids < 2**53: exact
     if not both.is_cuda:
         return InFlight(tuple(steps), tokens, both, None, hidden)

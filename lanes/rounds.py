@@ -59,6 +59,11 @@ class Step:
         return self.num_logits > 0
 
     @property
+    def first_sample_position(self) -> int:
+        """The position the first logits row predicts (row j predicts this + j)."""
+        return self.end - self.num_logits + 1
+
+    @property
     def num_drafted(self) -> int:
         return len(self.draft_rows) if self.draft_source is not None else len(self.draft_ids)
 

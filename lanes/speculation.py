@@ -87,12 +87,17 @@ def verify(
     return out
 
 
-def samples_on_device(params: SamplingParams) -> bool:
-    """Whether a lane's rows are sampled by the batched device sampler: greedy rows without
-    top_logprobs. Sampled rows stay on the host path (`verify`) for now: the kernel's top-p
-    bisection takes 0.4-1.2 ms per row on a 49K-128K vocabulary (H200), more than it saves.
-    The choice depends on the lane's parameters alone, so each lane always takes one path."""
-    return params.is_greedy and params.top_logprobs == 0 and not params.processes_logits
+def samples_on_device(params: SamplingParams, verify_mode: str) -> bool:
+    """Whether a lane's rows are sampled by the batched device sampler (one launch for every such
+    row of a forward, lanes.device_sampling.sample_rows): greedy rows, and position-keyed sampled
+    rows under coupled verification, without top_logprobs or logits processing. The rest take the
+    host path (`verify`). The choice depends on the lane's parameters and the engine's mode
+    alone, so each lane always takes one path: the equalities never compare the two."""
+    return (
+        params.top_logprobs == 0
+        and not params.processes_logits
+        and (params.is_greedy or verify_mode == "coupled")
+    )
 
 
 def coupled_from_samples(

@@ -3,6 +3,8 @@ run under TRITON_INTERPRET=1 (set in conftest before Triton is imported)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -150,8 +152,8 @@ def test_engine_on_triton_kernels_matches_transformers(tiny_models):
 
 def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     """With the Triton kernels, the greedy rows of every forward are sampled in one launch (one
-    read-back): batched == solo and drafted == undrafted hold on that path, its logprobs are the
-    log-softmax of the same logits, and seeded rows (host path) still reproduce."""
+    read-back): batched == solo and drafted == undrafted hold on that path, and its logprobs are
+    the log-softmax of the same logits."""
     import dataclasses
 
     import lanes.engine
@@ -160,9 +162,9 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     from lanes.sampling import sampling_logprobs
 
     launches = []
-    greedy_rows = lanes.engine.greedy_rows
+    sample_rows = lanes.engine.sample_rows
     monkeypatch.setattr(
-        "lanes.engine.greedy_rows", lambda *a, **k: launches.append(1) or greedy_rows(*a, **k)
+        "lanes.engine.sample_rows", lambda *a, **k: launches.append(1) or sample_rows(*a, **k)
     )
     path, _ = tiny_models["llama"]
     # k from acceptance, not from measured costs: on a GPU those can turn drafting off
@@ -191,8 +193,100 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     torch.testing.assert_close(
         torch.tensor(solo.logprobs), torch.tensor(want), rtol=1e-4, atol=1e-4
     )
-    seeded = dataclasses.replace(undrafted, temperature=0.8, top_p=0.9, seed=5)
-    first = engine.generate(prompts, seeded, cache_salt="s1")
-    assert [o.token_ids for o in engine.generate(prompts, seeded, cache_salt="s2")] == [
-        o.token_ids for o in first
+
+
+def _seeded_engine(tiny_models, monkeypatch):
+    """A Triton engine whose sample_tokens launches are counted (their row counts)."""
+    import lanes.kernels.sampling
+    from lanes import EngineConfig, build_engine
+
+    launched = []
+    sample_tokens = lanes.kernels.sampling.sample_tokens
+
+    def counted(logits, *args):
+        launched.append(logits.shape[0])
+        return sample_tokens(logits, *args)
+
+    monkeypatch.setattr(lanes.kernels.sampling, "sample_tokens", counted)
+    config = EngineConfig(
+        kernels="triton", device=DEVICE, prefill_chunk=32, cost_aware_drafts=False
+    )
+    return build_engine(str(tiny_models["llama"][0]), config), launched
+
+
+_SEEDED_PROMPTS = [[11, 12, 13, 14] * 4, [20 + i % 7 for i in range(24)], [5, 9, 200, 31] * 3]
+
+
+def _seeded_params():
+    from lanes import SamplingParams
+
+    base = SamplingParams(max_tokens=8, ignore_eos=True, draft=False, temperature=0.8, seed=5)
+    return [
+        dataclasses.replace(base, top_p=0.9),
+        dataclasses.replace(base, temperature=1.2, top_k=20, seed=6),
+        dataclasses.replace(base, temperature=0.6, top_k=30, top_p=0.8, seed=7),
     ]
+
+
+def _replay_drafted(engine, outputs, acceptance=0.6):
+    """Drafts that are the recorded output with the given chance, else a wrong token."""
+    from lanes.drafter.replay import ReplayProposer
+
+    records = {tuple(p): o.token_ids for p, o in zip(_SEEDED_PROMPTS, outputs, strict=True)}
+    engine.proposer = ReplayProposer(records, acceptance, engine.model_config.vocab_size)
+    params = [dataclasses.replace(p, draft=True) for p in _seeded_params()]
+    return [
+        engine.generate([q], p, cache_salt="drafted")[0]
+        for q, p in zip(_SEEDED_PROMPTS, params, strict=True)
+    ]
+
+
+def test_seeded_rows_sampled_on_the_device_keep_the_equalities(tiny_models, monkeypatch):
+    """Seeded rows (temperature with top-k and/or top-p) of every forward are sampled in one
+    launch of the position-keyed kernel with the greedy ones: solo == batched == drafted,
+    token for token, and each token's logprob is that of the host's distribution."""
+    from lanes.sampling import sampling_logprobs
+
+    engine, launched = _seeded_engine(tiny_models, monkeypatch)
+    params = _seeded_params()
+    solo = [
+        engine.generate([q], p, cache_salt=f"solo{i}")[0]
+        for i, (q, p) in enumerate(zip(_SEEDED_PROMPTS, params, strict=True))
+    ]
+    assert launched  # the kernel sampled them
+    launched.clear()
+    batched = [
+        engine.add_request(q, p, cache_salt="b")
+        for q, p in zip(_SEEDED_PROMPTS, params, strict=True)
+    ]
+    done = {}
+    while engine.has_work():
+        done.update((c.request_id, c) for c in engine.step())
+    batched = [done[i] for i in batched]
+    assert max(launched) == len(_SEEDED_PROMPTS)  # every lane's row in one launch
+    assert [o.token_ids for o in batched] == [o.token_ids for o in solo]
+    drafted = _replay_drafted(engine, solo)
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in solo]
+    assert sum(o.num_accepted for o in drafted) > 0
+    assert sum(o.num_drafted - o.num_accepted for o in drafted) > 0  # and some were rejected
+    for q, p, o in zip(_SEEDED_PROMPTS, params, solo, strict=True):
+        rows = engine.prompt_logits([q + o.token_ids])[0][len(q) - 1 : -1]
+        want = [float(sampling_logprobs(r, p)[t]) for r, t in zip(rows, o.token_ids, strict=True)]
+        torch.testing.assert_close(
+            torch.tensor(o.logprobs), torch.tensor(want), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_negative_control_seeded_verify_rows_at_wrong_positions(tiny_models, monkeypatch):
+    """The noise is keyed by each row's position: verify rows sampled at the step's last
+    position instead of their own change the drafted output, so the equality above would fail."""
+    from lanes.rounds import Step
+
+    engine, _ = _seeded_engine(tiny_models, monkeypatch)
+    solo = [
+        engine.generate([q], p, cache_salt=f"solo{i}")[0]
+        for i, (q, p) in enumerate(zip(_SEEDED_PROMPTS, _seeded_params(), strict=True))
+    ]
+    monkeypatch.setattr(Step, "first_sample_position", property(lambda s: s.end))
+    drafted = _replay_drafted(engine, solo, acceptance=0.9)
+    assert [o.token_ids for o in drafted] != [o.token_ids for o in solo]

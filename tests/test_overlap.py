@@ -1,5 +1,5 @@
 """Overlapped rounds (lanes/inflight.py) give exactly the synchronous output: tokens, logprobs,
-text and finish reasons, for greedy lanes that overlap and for the seeded, drafted and
+text and finish reasons, for greedy and seeded lanes that overlap and for the drafted and
 top_logprobs lanes beside them that do not; lanes that stop early, join late or are cancelled;
 no block leaked. On the CPU nothing runs asynchronously, but every step of the mechanism runs:
 round N+1 is launched reading N's tokens from the device tensor before N is taken."""
@@ -88,8 +88,8 @@ def test_overlapped_equals_synchronous_greedy(llama_dir, stop_text, late):
 
 
 def test_overlapped_beside_seeded_drafted_and_top_logprobs_lanes(llama_dir, stop_text):
-    """Lanes that cannot overlap (seeded, top_logprobs, drafting) make their rounds planned
-    ones; when they end, the greedy lanes left overlap again. Output equals the synchronous."""
+    """Lanes that cannot overlap (top_logprobs, drafting) make their rounds planned ones; when
+    they end, the lanes left overlap again. Output equals the synchronous."""
     params = _params(stop_text)
     params[0] = dataclasses.replace(params[0], temperature=0.8, seed=11, max_tokens=4)
     params[5] = dataclasses.replace(params[5], top_logprobs=3, max_tokens=5)
@@ -104,6 +104,49 @@ def test_overlapped_beside_seeded_drafted_and_top_logprobs_lanes(llama_dir, stop
     _same(got, want)
     assert sum(c.num_drafted for c in want) > 0  # the drafting lane drafted
     assert over.metrics.num_overlapped_rounds > 0
+
+
+def _seeded(params: list[SamplingParams]) -> list[SamplingParams]:
+    """The same lanes sampled (position-keyed noise), undrafted: all of them can overlap."""
+    shapes = [
+        {"temperature": 0.8},
+        {"temperature": 1.1, "top_p": 0.9},
+        {"temperature": 0.7, "top_k": 20},
+        {"temperature": 0.9, "top_k": 40, "top_p": 0.8},
+    ]
+    return [
+        dataclasses.replace(p, draft=False, seed=100 + i, **shapes[i % len(shapes)])
+        for i, p in enumerate(params)
+    ]
+
+
+def test_overlapped_equals_synchronous_seeded(llama_dir, stop_text):
+    """Seeded lanes overlap too (their rows sampled where the tokens stay, at each row's own
+    position), with the synchronous path's tokens and logprobs."""
+    params = _seeded(_params(stop_text))
+    sync, over = _engines(llama_dir)
+    want, got = _run(sync, params, late=(4,)), _run(over, params, late=(4,))
+    _same(got, want)
+    assert over.metrics.num_overlapped_rounds >= 5
+
+
+def test_negative_control_seeded_rows_launched_at_the_wrong_position(
+    llama_dir, stop_text, monkeypatch
+):
+    """Launched rows sampled with the noise of the position before theirs: the equality above
+    fails."""
+    import lanes.inflight
+    from lanes.device_sampling import sample_rows
+
+    def shifted(logits, rows, use_triton):
+        return sample_rows(logits, [(p, pos - 1) for p, pos in rows], use_triton)
+
+    params = _seeded(_params(stop_text))
+    sync, over = _engines(llama_dir)
+    want = _run(sync, params)
+    monkeypatch.setattr(lanes.inflight, "sample_rows", shifted)
+    got = _run(over, params)
+    assert [g.token_ids for g in got] != [w.token_ids for w in want]
 
 
 def test_cancelled_lanes_end_and_the_rest_are_unchanged(llama_dir, stop_text):
