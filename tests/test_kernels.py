@@ -290,3 +290,19 @@ def test_negative_control_seeded_verify_rows_at_wrong_positions(tiny_models, mon
     monkeypatch.setattr(Step, "first_sample_position", property(lambda s: s.end))
     drafted = _replay_drafted(engine, solo, acceptance=0.9)
     assert [o.token_ids for o in drafted] != [o.token_ids for o in solo]
+
+
+def test_greedy_rows_have_the_same_bits_in_both_sampling_kernels():
+    """A greedy row's token and logprob do not depend on whether seeded rows share its launch
+    (sample_tokens) or not (greedy_tokens): both kernels run the one _greedy_row."""
+    from lanes.kernels.sampling import greedy_tokens, sample_tokens
+
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn((5, 3000), generator=gen) * 3).to(torch.bfloat16).float().to(DEVICE)
+    temps = torch.tensor([0.0, 0.8, 0.0, 1.1, 0.0])
+    top_k = torch.tensor([0, 20, 0, 0, 0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.8, 1.0])
+    mixed = sample_tokens(logits, temps, top_k, top_p, [1, 2, 3, 4, 5], [9, 9, 9, 9, 9])
+    alone = greedy_tokens(logits)
+    for i in (0, 2, 4):
+        assert torch.equal(mixed[0][i], alone[0][i]) and torch.equal(mixed[1][i], alone[1][i])
