@@ -45,7 +45,7 @@ def _gumbel(seed_lo, seed_hi, pos, tok):
     h = _mix32(h ^ seed_hi)
     h = _mix32(h ^ pos)
     h = _mix32(h ^ tok)
-    u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # strictly inside (0, 1)
     return -tl.log(-tl.log(u))
 
 

@@ -114,17 +114,26 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 STREAM_TOKEN, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2
 
 
-def uniform_noise(
+def noise_hash(
     seed: int, position: int, n: int, stream: int = STREAM_TOKEN, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Uniform(0, 1) noise [n] (float32) for one (seed, position, stream): a pure function."""
+    """The 32-bit hash [n] (int64 holding a uint32) of (seed, position, stream, token) that all
+    of this module's noise is made from."""
     index = torch.arange(n, dtype=torch.int64, device=device)
     h = _mix32(torch.full_like(index, (seed & _MASK32) ^ 0x9E3779B9))
     h = _mix32(h ^ ((seed >> 32) & _MASK32))
     h = _mix32(h ^ (position & _MASK32) ^ (stream << 28))
-    h = _mix32(h ^ index)
-    # 24 high bits -> a uniform in (0, 1) that float32 represents exactly.
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
+    return _mix32(h ^ index)
+
+
+def uniform_noise(
+    seed: int, position: int, n: int, stream: int = STREAM_TOKEN, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Uniform noise [n] (float32) strictly inside (0, 1) for one (seed, position, stream): a pure
+    function. The 23 high bits of the hash, + 0.5: every value and 1 - 2**-24, the largest, are
+    exact in float32 (24 bits + 0.5 would round the largest to 1.0, whose Gumbel noise is inf)."""
+    h = noise_hash(seed, position, n, stream, device)
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / 2**23)
 
 
 def _mix32_int(x: int) -> int:
@@ -142,10 +151,7 @@ def uniform_at(seed: int, position: int, stream: int = STREAM_TOKEN, index: int 
     h = _mix32_int(h ^ ((seed >> 32) & _MASK32))
     h = _mix32_int(h ^ (position & _MASK32) ^ (stream << 28))
     h = _mix32_int(h ^ index)
-    m = h >> 8
-    # m + 0.5 as float32 rounds it: exact below 2**23, above it the tie goes to the even one
-    v = m + 0.5 if m < 1 << 23 else float(m + (m & 1))
-    return v * (1.0 / 2**24)
+    return ((h >> 9) + 0.5) * (1.0 / 2**23)  # exact in float32 and in float64 alike
 
 
 def gumbel_noise(

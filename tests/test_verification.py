@@ -13,7 +13,7 @@ from lanes.drafter.model import ModelDrafter
 from lanes.drafter.ngram import NgramProposer
 from lanes.drafter.replay import ReplayProposer
 from lanes.models import open_checkpoint
-from lanes.sampling import gumbel_noise, uniform_at, uniform_noise
+from lanes.sampling import gumbel_noise, noise_hash, uniform_at, uniform_noise
 from lanes.speculation import verify
 
 VOCAB = 8
@@ -42,7 +42,7 @@ def _chi2(counts: list[int], p: torch.Tensor) -> float:
 
 def test_host_draws_are_the_noise_tensor_bit_for_bit():
     """The accept test and the replay drafter draw with uniform_at (plain Python, no tensor);
-    it gives the float32 bits of uniform_noise, including above 2**23 where float32 rounds."""
+    it gives the float32 bits of uniform_noise."""
     rng = random.Random(3)
     for _ in range(500):
         seed, pos, stream = rng.getrandbits(63), rng.randrange(2**31), rng.randrange(4)
@@ -136,3 +136,30 @@ def test_default_model_ngram_acceptance_and_equality():
     drafted = engine.generate([chat], params)[0]
     assert drafted.token_ids == plain.token_ids
     assert drafted.num_drafted > 0 and drafted.num_accepted / drafted.num_drafted > 0.3
+
+
+def _largest_hash_draw() -> tuple[int, int, int]:
+    """A (seed, position, token) whose hash has its 24 high bits all set: the draw that
+    float32((2**24 - 1) + 0.5) / 2**24 = 1.0 once turned into infinite Gumbel noise."""
+    for seed in range(1000):
+        hits = ((noise_hash(seed, 7, 2**20) >> 8) == 2**24 - 1).nonzero()
+        if len(hits):
+            return seed, 7, int(hits[0])
+    raise AssertionError("no such draw among 1000 seeds")
+
+
+def test_the_largest_hash_draws_finite_noise_and_stays_in_the_sampled_set():
+    """Every uniform is strictly below 1, so no token's Gumbel noise is infinite: a token
+    outside top-k is never drawn, even the one holding the largest hash (before the fix the
+    host sampler drew it, with logprob -inf, about once in 16.7M token draws)."""
+    from lanes.sampling import SamplingParams, sample_row
+
+    seed, pos, token = _largest_hash_draw()
+    u = uniform_noise(seed, pos, token + 1)[token]
+    assert float(u) == 1 - 2**-24 and uniform_at(seed, pos, 0, token) == float(u)
+    assert torch.isfinite(gumbel_noise(seed, pos, token + 1)).all()
+    logits = torch.zeros(token + 1)
+    logits[:8] = 5.0  # the top-k set; the token with the largest hash is outside it
+    params = SamplingParams(temperature=1.0, top_k=8, seed=seed)
+    drawn, logprobs = sample_row(logits, params, pos, seed)
+    assert drawn < 8 and torch.isfinite(logprobs[drawn])
