@@ -2,7 +2,7 @@
 rounds and plain decode, in one run on one GPU, at a set acceptance.
 
     python -m bench.bench_device_rounds [--shape smollm2-135m] [--acceptance 0.8] [--k 4]
-        [--lanes 1,4] [--new 256] [--repeats 3] [--out FILE]
+        [--lanes 1,4] [--new 256] [--repeats 3] [--temperature T --top-p P] [--out FILE]
 
 Random weights of the shape (exact mode, CUDA graphs); the drafter is the shipped SmolLM2 head
 (it reads the random target's shared embedding), or with `--drafter random` an untrained head of
@@ -56,8 +56,8 @@ def kept_drafts(rounds, truth: torch.Tensor, p: float, vocab: int) -> None:
     keep = keep.to(truth.device)
     head_sample = rounds.sample
 
-    def sample(logits, positions):
-        own = head_sample(logits, positions)
+    def sample(logits, positions, params):
+        own = head_sample(logits, positions, params)
         right = truth[positions]
         wrong = torch.where(own == right, (right + 1) % vocab, own)
         return torch.where(keep[positions], right, wrong)
@@ -98,6 +98,8 @@ def main() -> None:
     )
     ap.add_argument("--head-vocab", type=int, default=32768, help="--drafter random's vocab")
     ap.add_argument("--acceptance", type=float, default=0.8)
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded requests")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--lanes", default="1,4")
     ap.add_argument("--new", type=int, default=256)
@@ -125,7 +127,13 @@ def main() -> None:
         max_lanes=64,
     )
     prompt = synthetic_prompt(shape.vocab_size, 128, 3)
-    params = SamplingParams(max_tokens=args.new, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=args.new,
+        ignore_eos=True,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=1 if args.temperature else None,
+    )
     plain_engine = build_engine(checkpoint=ckpt, config=EngineConfig(**base))
     (ref,) = plain_engine.generate([prompt], params)
     truth = torch.zeros(len(prompt) + args.new + 4 * args.k + 8, dtype=torch.int64)
@@ -152,6 +160,8 @@ def main() -> None:
         "shape": args.shape,
         "drafter": args.drafter,
         "acceptance_set": args.acceptance,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
         "k": args.k,
         "new_tokens": args.new,
         "prompt_tokens": len(prompt),

@@ -1,5 +1,6 @@
 """What sampled (temperature > 0) requests cost on the GPU: the position-keyed sampling kernel per
-launch against the host path's row-by-row sampling, and decode with seeded requests against
+launch (with its host work, and on the device alone: replayed as a CUDA graph) against the host
+path's row-by-row sampling, and decode with seeded requests against
 greedy ones in the engine. Random bf16 weights of real shapes, exact mode, CUDA graphs.
 
     python -m bench.bench_sampling --part kernel [--out FILE]
@@ -58,6 +59,21 @@ def event_median_us(fn, reps: int = 30) -> float:
     return statistics.median(times)
 
 
+def graph_median_us(logits, temp, top_k, top_p, seeds, positions, reps: int = 20) -> float:
+    """Device time of one sampling launch alone: the kernel captured in a CUDA graph (device
+    parameters, no host work) and its replays timed with events."""
+    from lanes.kernels.sampling import RowParams, sample_with
+
+    params = RowParams.upload(temp.tolist(), top_k.tolist(), top_p.tolist(), seeds, "cuda")
+    where = torch.tensor(positions, dtype=torch.int64, device="cuda")
+    sample_with(logits, params, where)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sample_with(logits, params, where)
+    return event_median_us(graph.replay, reps)
+
+
 def kernel_part() -> dict:
     from lanes.kernels.sampling import greedy_tokens, ref_sample_tokens, sample_tokens
 
@@ -79,6 +95,7 @@ def kernel_part() -> dict:
                     kernel = event_median_us(lambda x=logits: greedy_tokens(x))
                 else:
                     kernel = event_median_us(lambda a=args: sample_tokens(*a))
+                device = graph_median_us(logits, temp, top_k, top_p, seeds, positions)
                 # the host path of the old engine: one row at a time, read back each
                 host = []
                 for _ in range(5):
@@ -89,12 +106,14 @@ def kernel_part() -> dict:
                     host.append((time.perf_counter() - start) * 1e6)
                 key = f"V{vocab} R{rows} {label}"
                 report[key] = {
-                    "kernel_us": kernel,
+                    "launch_us": kernel,
+                    "device_us": device,
                     "host_rows_us": statistics.median(host),
                     "tokens_equal_reference": equal,
                 }
                 print(
-                    f"{key:34s} kernel {kernel:8.1f} us   host path {statistics.median(host):9.1f} us"
+                    f"{key:34s} launch {kernel:7.1f} us  device {device:7.1f} us  "
+                    f"host path {statistics.median(host):9.1f} us"
                     f"   equal {equal}",
                     flush=True,
                 )

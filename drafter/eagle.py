@@ -51,6 +51,7 @@ from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
 from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
+from lanes.kernels.sampling import sample_with
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
 from lanes.rounds import Step
@@ -384,8 +385,9 @@ class EagleDrafter(Proposer):
                 return features.to(dtype)
             return self.ops.linear(features.to(dtype), self.reduce)
 
-        def sample(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return self._greedy(logits)
+        def sample(logits: torch.Tensor, positions: torch.Tensor, params) -> torch.Tensor:
+            # each lane's own sampling, with the noise of the position the draft will stand at
+            return sample_with(self._full_logits(logits).contiguous(), params, positions)[0]
 
         pool = target.graphs.pool if graphed else None
         return DeviceRounds(side(target), side(self.runner), self, num_drafts, sample, reduce, pool)

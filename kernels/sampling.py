@@ -19,6 +19,8 @@ along). The rest are passes that each learn something exact:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -197,23 +199,25 @@ def _nucleus_value(
 @triton.jit
 def _sample_kernel(
     logits_ptr,  # [R, V]
-    temp_ptr,  # [R] fp32 (0: greedy)
-    top_k_ptr,  # [R] int64 (0: off)
-    top_p_ptr,  # [R] fp32 (1: off)
-    seed_lo_ptr,  # [R] int64 holding a uint32
-    seed_hi_ptr,  # [R] int64 holding a uint32
-    pos_ptr,  # [R] int64 holding a uint32
+    temp_ptr,  # [P] fp32 (0: greedy)
+    top_k_ptr,  # [P] int64 (0: off)
+    top_p_ptr,  # [P] fp32 (1: off)
+    seed_lo_ptr,  # [P] int64 holding a uint32
+    seed_hi_ptr,  # [P] int64 holding a uint32
+    pos_ptr,  # [R] int64: the position each row's token will stand at
     out_ptr,  # [R] int64
     logprob_ptr,  # [R] fp32: log-probability of the chosen token under the sampled distribution
     V,
+    rows_per_param,  # rows row // rows_per_param share parameters (a lane's verify rows)
     BLOCK: tl.constexpr,
     SEARCH: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * V
-    temp = tl.load(temp_ptr + row)
-    top_k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
+    lane = row // rows_per_param
+    temp = tl.load(temp_ptr + lane)
+    top_k = tl.load(top_k_ptr + lane)
+    top_p = tl.load(top_p_ptr + lane)
     cols = tl.arange(0, BLOCK)
     if temp == 0.0:
         token, logprob = _greedy_row(base, V, cols, BLOCK)
@@ -221,8 +225,8 @@ def _sample_kernel(
         tl.store(logprob_ptr + row, logprob)
     else:
         inv_t = 1.0 / temp
-        seed_lo = tl.load(seed_lo_ptr + row).to(tl.uint32)
-        seed_hi = tl.load(seed_hi_ptr + row).to(tl.uint32)
+        seed_lo = tl.load(seed_lo_ptr + lane).to(tl.uint32)
+        seed_hi = tl.load(seed_hi_ptr + lane).to(tl.uint32)
         pos = tl.load(pos_ptr + row).to(tl.uint32)
 
         # one pass: max, min and (online) softmax normaliser of z, and the noisy argmax of all
@@ -238,7 +242,8 @@ def _sample_kernel(
             part = tl.sum(tl.where(inside, tl.exp(z - new_max), 0.0), axis=0)
             total = total * tl.exp(z_max - new_max) + part
             z_max = new_max
-            z_min = tl.minimum(z_min, tl.min(tl.where(inside, z, float("inf")), axis=0))
+            finite = inside & (z > float("-inf"))  # a drafter over part of the vocabulary
+            z_min = tl.minimum(z_min, tl.min(tl.where(finite, z, float("inf")), axis=0))
             best, best_i, best_z = _noisy_argmax(
                 z, idx, inside, seed_lo, seed_hi, pos, V, best, best_i, best_z
             )
@@ -331,6 +336,85 @@ def ref_greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
 
+@dataclass(frozen=True)
+class RowParams:
+    """Sampling parameters of P rows (or lanes) on the device, as the kernel reads them."""
+
+    temperature: torch.Tensor  # [P] fp32 (0: greedy)
+    top_k: torch.Tensor  # [P] int64 (0: off)
+    top_p: torch.Tensor  # [P] fp32 (1: off)
+    seed_lo: torch.Tensor  # [P] int64: the seed's low 32 bits
+    seed_hi: torch.Tensor  # [P] int64: its high 32 bits
+
+    @classmethod
+    def upload(cls, temperature, top_k, top_p, seeds, device) -> RowParams:
+        """From host sequences, in two asynchronous copies (pinned where the device is CUDA):
+        nothing waits for work already queued on the device."""
+        device = torch.device(device)
+        pin = device.type == "cuda"
+        mask = 0xFFFFFFFF
+        ints = torch.tensor(  # [3, P]: top_k, seed low and high words
+            [[int(k) for k in top_k], [s & mask for s in seeds], [(s >> 32) & mask for s in seeds]],
+            dtype=torch.int64,
+            pin_memory=pin,
+        ).to(device, non_blocking=True)
+        floats = torch.tensor(
+            [[float(t) for t in temperature], [float(p) for p in top_p]],
+            dtype=torch.float32,
+            pin_memory=pin,
+        ).to(device, non_blocking=True)
+        return cls(floats[0], ints[0], floats[1], ints[1], ints[2])
+
+    def copy_(self, other: RowParams) -> None:
+        """Take other's values into these tensors (buffers a captured graph reads)."""
+        for name in ("temperature", "top_k", "top_p", "seed_lo", "seed_hi"):
+            getattr(self, name).copy_(getattr(other, name), non_blocking=True)
+
+    @classmethod
+    def zeros(cls, n: int, device) -> RowParams:
+        """n greedy rows."""
+        f32, i64 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int64, device=device)
+        return cls(
+            torch.zeros(n, **f32), torch.zeros(n, **i64), torch.ones(n, **f32),
+            torch.zeros(n, **i64), torch.zeros(n, **i64),
+        )  # fmt: skip
+
+
+def sample_with(
+    logits: torch.Tensor,
+    params: RowParams,
+    positions: torch.Tensor,
+    rows_per_param: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of logits [R, V], row r sampled with params[r // rows_per_param] at
+    positions[r] (int64 [R], on the device) -> (tokens int64 [R], logprobs fp32 [R]). Reads and
+    writes device tensors only: a CUDA graph can capture it."""
+    check(logits.dim() == 2 and logits.is_contiguous(), "logits must be contiguous [R, V]")
+    r, v = logits.shape
+    check(positions.shape == (r,) and positions.dtype == torch.int64, "int64 positions [R]")
+    check(params.temperature.shape[0] * rows_per_param >= r, "parameters for every row")
+    tokens = torch.empty(r, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(r, dtype=torch.float32, device=logits.device)
+    if r:
+        _sample_kernel[(r,)](
+            logits,
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.seed_lo,
+            params.seed_hi,
+            positions,
+            tokens,
+            logprobs,
+            v,
+            rows_per_param,
+            BLOCK=BLOCK_V,
+            SEARCH=MAX_SEARCH,
+            num_warps=16,
+        )
+    return tokens, logprobs
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -342,49 +426,17 @@ def sample_tokens(
     """One token per row of logits [R, V] -> (tokens int64 [R], logprobs fp32 [R]): each token's
     log-probability under the distribution it was sampled from (after temperature, top-k, top-p;
     greedy rows: the plain log-softmax). Row parameters (host tensors or lists) travel to the
-    device in two asynchronous copies: nothing here waits for work already queued."""
-    check(logits.dim() == 2 and logits.is_contiguous(), "logits must be contiguous [R, V]")
-    r, v = logits.shape
+    device asynchronously: nothing here waits for work already queued."""
+    r = logits.shape[0]
     check(
         temperature.shape == top_k.shape == top_p.shape == (r,),
         "one temperature, top_k, top_p per row",
     )
     check(len(seeds) == len(positions) == r, "one seed and position per row")
     dev = logits.device
-    pin = dev.type == "cuda"
-    mask = 0xFFFFFFFF
-    ints = torch.tensor(  # [4, R]: seed low and high words, position, top_k
-        [
-            [s & mask for s in seeds],
-            [(s >> 32) & mask for s in seeds],
-            [p & mask for p in positions],
-            [int(k) for k in top_k.tolist()],
-        ],
-        dtype=torch.int64,
-        pin_memory=pin,
-    ).to(dev, non_blocking=True)
-    floats = torch.tensor(  # [2, R]: temperature, top_p
-        [temperature.tolist(), top_p.tolist()], dtype=torch.float32, pin_memory=pin
-    ).to(dev, non_blocking=True)
-    tokens = torch.empty(r, dtype=torch.int64, device=dev)
-    logprobs = torch.empty(r, dtype=torch.float32, device=dev)
-    if r:
-        _sample_kernel[(r,)](
-            logits,
-            floats[0],
-            ints[3],
-            floats[1],
-            ints[0],
-            ints[1],
-            ints[2],
-            tokens,
-            logprobs,
-            v,
-            BLOCK=BLOCK_V,
-            SEARCH=MAX_SEARCH,
-            num_warps=16,
-        )
-    return tokens, logprobs
+    params = RowParams.upload(temperature.tolist(), top_k.tolist(), top_p.tolist(), seeds, dev)
+    where = torch.tensor(positions, dtype=torch.int64, pin_memory=dev.type == "cuda")
+    return sample_with(logits, params, where.to(dev, non_blocking=True))
 
 
 def ref_sample_tokens(logits, temperature, top_k, top_p, seeds, positions):

@@ -1,6 +1,9 @@
-"""Drafted greedy rounds that stay on the device: an EAGLE-style head's k drafts, the target's
-verify forward and the acceptance, as one CUDA graph per round, each round launched on the one
-before's results while the host is still reading those.
+"""Drafted rounds that stay on the device: an EAGLE-style head's k drafts, the target's verify
+forward and the acceptance, as one CUDA graph per round, each round launched on the one before's
+results while the host is still reading those. Greedy and seeded lanes alike: every row is
+sampled by the position-keyed kernel with its lane's parameters (device buffers set when the
+rounds start), the head's drafts with the noise of the positions they will stand at, so coupled
+verification keeps them where the target samples the same token.
 
 A synchronous drafted round makes the GPU wait for the host twice: the host reads the verify's
 tokens back, appends them, and only then lays out the head's next catch-up (its length is the
@@ -11,14 +14,14 @@ of which the first a + 1 are real. The host reads each round's tokens one round 
 mirrors them into its lanes (Engine._step_device_rounds).
 
 Round of lane i, from the state the previous round left: v (its verify's first position), a
-(drafts it kept), g [k + 1] (its greedy tokens: g[j] is the token after position v + j) and f
+(drafts it kept), g [k + 1] (its sampled tokens: g[j] is the token after position v + j) and f
 [k + 1, hidden] (the head-width features of its rows):
 
     head catch-up   rows v .. v + k reading (g[j], f[j]); row a's sample is draft 1
     head drafts     forward m = 1 .. k - 1 at position v + a + m, reading draft m and the row
                     the forward before it sampled from
     verify          positions v' = v + a + 1 .. v' + k, tokens [g[a], d1 .. dk]
-    acceptance      a' = the leading drafts equal to the verify's greedy tokens; the round
+    acceptance      a' = the leading drafts equal to the verify's sampled tokens; the round
                     emits g'[0 .. a'], and leaves (v', a', g', f') for the next
 
 Rows past a are not real (their drafts were rejected); they write K/V at positions every later
@@ -40,8 +43,8 @@ from dataclasses import dataclass
 import torch
 
 from lanes.chain_graphs import LaneSlots
-from lanes.device_sampling import greedy_rows
 from lanes.graphs import LANE_BUCKETS, capture, static_batch
+from lanes.kernels.sampling import RowParams, sample_with
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Side:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """One lane's round, read back: the verify's greedy tokens and log-probabilities (k + 1 of
+    """One lane's round, read back: the verify's sampled tokens and log-probabilities (k + 1 of
     each), how many drafts it kept, and the position of its verify's first row."""
 
     tokens: list[int]
@@ -112,6 +115,7 @@ class _Bucket:
         self.g = torch.zeros((lanes, t), **i64)
         self.f = torch.zeros((lanes * t, width), dtype=dtype, device=device)
         self.live = torch.zeros(lanes, dtype=torch.bool, device=device)
+        self.params = RowParams.zeros(lanes, device)  # each lane's sampling (padding: greedy)
         self.zero = torch.zeros((), **i64)
         self.target_slots = LaneSlots(lanes, target.max_ctx, target.scratch_slot, device)
         self.head_slots = LaneSlots(lanes, head.max_ctx, head.scratch_slot, device)
@@ -210,13 +214,13 @@ class _Bucket:
 
 
 class DeviceRounds:
-    """Drafted greedy rounds on the device for up to 64 lanes (module docstring).
+    """Drafted rounds on the device for up to 64 lanes (module docstring).
 
     `target` and `head` are the two models' sides; `drafter` is the EAGLE-style drafter, which
     lays out and settles its lanes (`device_seed`, `device_table`, `device_settle`,
-    `device_resume`); `sample(logits, positions)` is its token for each lane's row over the
-    target's vocabulary (positions [lanes]: where each draft will stand; the head's greedy
-    sampler ignores them) and `reduce(features)` maps the target's features to its width. With
+    `device_resume`); `sample(logits, positions, params)` is its token for each lane's row over
+    the target's vocabulary (positions [lanes]: where each draft will stand; params: the lanes'
+    RowParams) and `reduce(features)` maps the target's features to its width. With
     a `graph_pool` (CUDA), a round is one graph replay; without, the same ops run eagerly (the
     CPU tests)."""
 
@@ -226,7 +230,7 @@ class DeviceRounds:
         head: Side,
         drafter,
         num_drafts: int,
-        sample: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        sample: Callable[[torch.Tensor, torch.Tensor, RowParams], torch.Tensor],
         reduce: Callable[[torch.Tensor], torch.Tensor],
         graph_pool=None,
     ) -> None:
@@ -296,6 +300,16 @@ class DeviceRounds:
         b.g.view(-1).copy_(staged[2 * size : 2 * size + size * t])
         b.live.copy_(staged[2 * size + size * t :].bool())
         b.f.copy_(torch.cat(feats))
+        params = [lane.params for lane in lanes] + [None] * (size - len(lanes))
+        b.params.copy_(
+            RowParams.upload(
+                [p.temperature if p else 0.0 for p in params],
+                [p.top_k if p else 0 for p in params],
+                [p.top_p if p else 1.0 for p in params],
+                [p.seed or 0 if p else 0 for p in params],
+                self.device,
+            )
+        )
         self.bucket, self.lanes = b, list(lanes)
         return True
 
@@ -392,17 +406,19 @@ class DeviceRounds:
         b.layout()
         # the head catches up on the last verify's rows; row a's sample is draft 1
         positions = b.values[b.num_head_positions : b.num_positions].view(b.lanes, T)
-        drafts = [self.sample(h.decoder.forward(b.catch_up, h.kv), positions[:, 0] + 1)]
+        # the token a row samples stands one position after the row
+        drafts = [self.sample(h.decoder.forward(b.catch_up, h.kv), positions[:, 0] + 1, b.params)]
         hidden = h.decoder.last_hidden[b.rows]
         for m, batch in enumerate(b.drafts, start=1):
             batch = dataclasses.replace(batch, input_ids=drafts[-1], features=hidden)
-            drafts.append(self.sample(h.decoder.forward(batch, h.kv), positions[:, m] + 1))
+            logits = h.decoder.forward(batch, h.kv)
+            drafts.append(self.sample(logits, positions[:, m] + 1, b.params))
             hidden = h.decoder.last_hidden
         d = torch.stack(drafts, 1)  # [lanes, k]
         # the target verifies [g[a], d1 .. dk] at v' = v + a + 1
         ids = torch.cat([b.g.gather(1, b.a[:, None]), d], 1).view(-1)
         logits = t.decoder.forward(dataclasses.replace(b.verify, input_ids=ids), t.kv)
-        tokens, logprobs = greedy_rows(logits, use_triton=True)
+        tokens, logprobs = sample_with(logits, b.params, (positions + 1).view(-1), T)
         tokens, logprobs = tokens.view(b.lanes, T), logprobs.view(b.lanes, T)
         accepted = (tokens[:, :k] == d).long().cumprod(1).sum(1)
         features = self.reduce(t.decoder.last_hidden)

@@ -156,7 +156,7 @@ class Engine:
         self._last_round_end = clock()
         self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
         self._num_decoding = 0  # decode lanes of the round being planned
-        # drafted greedy rounds on the device (lanes/device_rounds.py), where the drafter can
+        # drafted rounds on the device (lanes/device_rounds.py), where the drafter can
         self.device_rounds = None
         if proposer is not None and cfg.device_rounds is not False and comm is None:
             self.device_rounds = proposer.device_rounds(
@@ -270,7 +270,7 @@ class Engine:
         lanes is retried one lane at a time, and only the lanes that fail alone end, with
         finish_reason "error"; the others go on as if nothing happened.
 
-        With overlap, a round of plain greedy decode steps leaves its tokens on the device
+        With overlap, a round of plain (undrafted) decode steps leaves its tokens on the device
         (lanes.inflight); the next step launches the round after it on top of them before it
         takes them, and falls back to a planned round whenever that cannot be done."""
         if self._inflight is not None:
@@ -346,8 +346,8 @@ class Engine:
     # ---- overlapped rounds (lanes/inflight.py) ---------------------------------------------
 
     def _overlappable(self, s: Step) -> bool:
-        """A step whose round can overlap the next: one greedy decode token, no drafts this
-        round, no top_logprobs (sampled on the device), single process."""
+        """A step whose round can overlap the next: one decode token, no drafts this round,
+        sampled on the device (greedy or seeded, no top_logprobs), single process."""
         return (
             s.num_tokens == 1
             and s.num_logits == 1
@@ -467,7 +467,7 @@ class Engine:
     # ---- drafted rounds on the device (lanes/device_rounds.py) -------------------------------
 
     def _device_lane(self, lane: Lane) -> bool:
-        """A lane the device rounds can carry now: drafting, greedy on the device, and far
+        """A lane the device rounds can carry now: drafting, sampled on the device, and far
         enough from the end of its context that the next two rounds stay within it. (Rounds
         past max_tokens are fine: their positions are computed, but no token past the end is
         emitted, and the lane ends there.)"""
@@ -476,7 +476,6 @@ class Engine:
             not lane.is_finished
             and lane.state is LaneState.DECODE
             and self._drafting(lane)
-            and lane.params.is_greedy  # the rounds' graph samples greedy rows only
             and self._samples_on_device(lane.params)
             and dr.reach(lane) <= min(dr.target.max_ctx, dr.head.max_ctx)
         )

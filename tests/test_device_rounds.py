@@ -1,5 +1,5 @@
-"""Drafted greedy rounds kept on the device (lanes/device_rounds.py) emit exactly the undrafted
-tokens and logprobs, alone and batched, overlapped or not; on the CPU the same ops run eagerly
+"""Drafted rounds kept on the device (lanes/device_rounds.py) emit exactly the undrafted tokens
+and logprobs, greedy and seeded, alone and batched, overlapped or not; on the CPU the same ops run eagerly
 on Triton's interpreter, on the GPU as one CUDA graph per round."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Oracle:
 
         rounds.take = recording
 
-    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor, params) -> torch.Tensor:
         out = positions.tolist()
         for i, pos in enumerate(out):
             lane = self.rounds.lanes[i] if i < len(self.rounds.lanes) else None
@@ -65,13 +65,24 @@ def _engine(head_dir, **kw):
 
 
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
+# seeded lanes ride the same rounds: every row sampled with its lane's parameters and noise
+SEEDED = dataclasses.replace(PARAMS, temperature=0.8, top_k=40, top_p=0.9, seed=21)
+
+
+def _plain(head_dir, params):
+    engine = _engine(head_dir, device_rounds=False)
+    done = engine.generate(PROMPTS, dataclasses.replace(params, draft=False))
+    return {tuple(c.prompt_ids): c for c in done}
 
 
 @pytest.fixture(scope="module")
 def plain(head_dir):
-    engine = _engine(head_dir, device_rounds=False)
-    done = engine.generate(PROMPTS, dataclasses.replace(PARAMS, draft=False))
-    return {tuple(c.prompt_ids): c for c in done}
+    return _plain(head_dir, PARAMS)
+
+
+@pytest.fixture(scope="module")
+def plain_seeded(head_dir):
+    return _plain(head_dir, SEEDED)
 
 
 def _with_oracle(engine, plain) -> Oracle:
@@ -106,6 +117,40 @@ def test_device_rounds_emit_the_undrafted_tokens(head_dir, plain, overlap):
     engine.proposer.check_integrity()
 
 
+def test_seeded_device_rounds_emit_the_undrafted_tokens(head_dir, plain_seeded):
+    """Seeded lanes (temperature, top-k, top-p): the verify samples each row with the lane's
+    noise at its own position, and the tokens and logprobs are draft: false's."""
+    engine = _engine(head_dir, device_rounds=True, overlap=True)
+    oracle = _with_oracle(engine, plain_seeded)
+    got = engine.generate(PROMPTS, SEEDED)
+    assert engine.device_rounds.num_rounds > 0
+    assert oracle.kept == set(range(engine.device_rounds.k + 1))
+    for g in got:
+        want = plain_seeded[tuple(g.prompt_ids)]
+        assert (g.token_ids, g.logprobs) == (want.token_ids, want.logprobs)
+    engine.check_integrity()
+
+
+def test_negative_control_seeded_rounds_at_the_rows_own_positions_fail(
+    head_dir, plain_seeded, monkeypatch
+):
+    """The verify's rows sampled with the noise of the position they read instead of the one
+    their token will stand at: the seeded output is no longer the undrafted one."""
+    import lanes.device_rounds
+    from lanes.kernels.sampling import sample_with
+
+    monkeypatch.setattr(
+        lanes.device_rounds,
+        "sample_with",
+        lambda logits, params, positions, per=1: sample_with(logits, params, positions - 1, per),
+    )
+    engine = _engine(head_dir, device_rounds=True)
+    _with_oracle(engine, plain_seeded)
+    got = engine.generate(PROMPTS, SEEDED)
+    assert engine.device_rounds.num_rounds > 0
+    assert [g.token_ids for g in got] != [plain_seeded[tuple(g.prompt_ids)].token_ids for g in got]
+
+
 def test_the_head_itself_in_device_rounds(head_dir, plain):
     """The head's own drafts (catch-up on the verify's features, drafts chained on its rows),
     batched with padding lanes: the undrafted tokens."""
@@ -114,6 +159,17 @@ def test_the_head_itself_in_device_rounds(head_dir, plain):
     assert engine.device_rounds.num_rounds > 0
     for g in got:
         assert g.token_ids == plain[tuple(g.prompt_ids)].token_ids[:10]
+    engine.proposer.check_integrity()
+
+
+def test_the_head_itself_in_seeded_device_rounds(head_dir, plain_seeded):
+    """The head samples its own drafts with each lane's noise; the target's tokens are the
+    undrafted ones whatever it proposes."""
+    engine = _engine(head_dir, device_rounds=True)
+    got = engine.generate(PROMPTS, dataclasses.replace(SEEDED, max_tokens=10))
+    assert engine.device_rounds.num_rounds > 0
+    for g in got:
+        assert g.token_ids == plain_seeded[tuple(g.prompt_ids)].token_ids[:10]
     engine.proposer.check_integrity()
 
 
