@@ -28,7 +28,12 @@ import triton.language as tl
 from lanes.kernels.common import check
 
 MAX_SEARCH = 64  # passes of a bisection; each pass pins a present value, so it ends far sooner
-BLOCK_V = 8192  # with 16 warps: a 128K-vocabulary row in 16 steps (one program per row)
+BLOCK_V = 4096  # with 16 warps, 8 values per thread per step
+
+# Every pass keeps its running state per slot of the block (elementwise across blocks) and
+# reduces across the block's threads once at its end: cross-warp reductions need barriers, and
+# one per block step cost more than the arithmetic. The order of every sum is fixed by the
+# vocabulary size alone.
 
 
 @triton.jit
@@ -52,22 +57,46 @@ def _gumbel(seed_lo, seed_hi, pos, tok):
 
 
 @triton.jit
+def _fold_max(score, idx, z, best, best_i, best_z):
+    """Per slot: keep the larger score (the earlier block, so the lower id, on ties)."""
+    take = score > best
+    return tl.where(take, score, best), tl.where(take, idx, best_i), tl.where(take, z, best_z)
+
+
+@triton.jit
+def _argmax_of(best, best_i, best_z, V):
+    """The slots' argmax: (token with the largest score, lowest id on ties; its z)."""
+    m = tl.max(best, axis=0)
+    i = tl.min(tl.where(best == m, best_i, V), axis=0)
+    return i, tl.max(tl.where(best_i == i, best_z, float("-inf")), axis=0)
+
+
+@triton.jit
+def _fold_softmax(zm, m, s):
+    """Per slot: an online max and sum of exp(z - max); -inf values add nothing (and no
+    -inf - -inf is ever formed)."""
+    new_m = tl.maximum(m, zm)
+    finite_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+    return new_m, s * tl.exp(m - finite_m) + tl.exp(zm - finite_m)
+
+
+@triton.jit
 def _greedy_row(base, V, cols, BLOCK: tl.constexpr):
     """One pass over a row: the argmax (ties to the lowest id) and its log-softmax, by an online
     log-sum-exp. Returns (token, logprob)."""
-    m = float("-inf")
-    total = 0.0
-    best_i = 0
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_i = tl.full([BLOCK], V, tl.int32)
     for start in range(0, V, BLOCK):
         idx = start + cols
         z = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-        block_max = tl.max(z, axis=0)
-        block_i = tl.min(tl.where(z == block_max, idx, V), axis=0)
-        new_m = tl.maximum(m, block_max)
-        total = total * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
-        best_i = tl.where(block_max > m, block_i, best_i)
-        m = new_m
-    return best_i, -tl.log(total)
+        m, s = _fold_softmax(z, m, s)
+        best, best_i, _ = _fold_max(z, idx, z, best, best_i, z)
+    z_max = tl.max(m, axis=0)
+    total = tl.sum(s * tl.exp(m - z_max), axis=0)
+    token, z_tok = _argmax_of(best, best_i, best, V)
+    return token, z_tok - z_max - tl.log(total)
 
 
 @triton.jit
@@ -80,28 +109,15 @@ def _z_block(base, start, cols, V, inv_t):
 
 
 @triton.jit
-def _noisy_argmax(z, idx, eligible, seed_lo, seed_hi, pos, V, best, best_i, best_z):
-    """Fold one block into a running argmax of z + gumbel over the eligible tokens (ties to the
-    lowest id); returns the new (best score, token, its z)."""
-    noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
-    score = tl.where(eligible, z + noise, float("-inf"))
-    m = tl.max(score, axis=0)
-    i = tl.min(tl.where(score == m, idx, V), axis=0)
-    zi = tl.sum(tl.where(idx == i, z, 0.0), axis=0)
-    take = m > best
-    return tl.where(take, m, best), tl.where(take, i, best_i), tl.where(take, zi, best_z)
-
-
-@triton.jit
 def _split(base, V, inv_t, z_max, k_thr, mid, cols, USE_MASS: tl.constexpr, BLOCK: tl.constexpr):
     """One pass over the top-k set (z >= k_thr) around a threshold `mid`: the weight of z >= mid,
     the smallest present z >= mid with its weight, and the largest present z < mid with its
     weight. Weight: the count of tokens, or their mass exp(z - z_max) (USE_MASS)."""
-    w_ge = 0.0
-    z_up = float("inf")
-    w_up = 0.0
-    z_dn = float("-inf")
-    w_dn = 0.0
+    w_ge = tl.zeros([BLOCK], tl.float32)
+    z_up = tl.full([BLOCK], float("inf"), tl.float32)
+    w_up = tl.zeros([BLOCK], tl.float32)
+    z_dn = tl.full([BLOCK], float("-inf"), tl.float32)
+    w_dn = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         idx, inside, z = _z_block(base, start, cols, V, inv_t)
         live = inside & (z >= k_thr)
@@ -110,17 +126,25 @@ def _split(base, V, inv_t, z_max, k_thr, mid, cols, USE_MASS: tl.constexpr, BLOC
         else:
             w = tl.where(live, 1.0, 0.0)
         up = live & (z >= mid)
-        w_ge += tl.sum(tl.where(up, w, 0.0), axis=0)
-        b_up = tl.min(tl.where(up, z, float("inf")), axis=0)
-        bw_up = tl.sum(tl.where(up & (z == b_up), w, 0.0), axis=0)
-        w_up = tl.where(b_up < z_up, bw_up, tl.where(b_up == z_up, w_up + bw_up, w_up))
-        z_up = tl.minimum(z_up, b_up)
+        w_ge += tl.where(up, w, 0.0)
+        zu = tl.where(up, z, float("inf"))
+        wu = tl.where(up, w, 0.0)
+        w_up = tl.where(zu < z_up, wu, tl.where(zu == z_up, w_up + wu, w_up))
+        z_up = tl.minimum(z_up, zu)
         dn = live & (z < mid)
-        b_dn = tl.max(tl.where(dn, z, float("-inf")), axis=0)
-        bw_dn = tl.sum(tl.where(dn & (z == b_dn), w, 0.0), axis=0)
-        w_dn = tl.where(b_dn > z_dn, bw_dn, tl.where(b_dn == z_dn, w_dn + bw_dn, w_dn))
-        z_dn = tl.maximum(z_dn, b_dn)
-    return w_ge, z_up, w_up, z_dn, w_dn
+        zd = tl.where(dn, z, float("-inf"))
+        wd = tl.where(dn, w, 0.0)
+        w_dn = tl.where(zd > z_dn, wd, tl.where(zd == z_dn, w_dn + wd, w_dn))
+        z_dn = tl.maximum(z_dn, zd)
+    up_min = tl.min(z_up, axis=0)
+    dn_max = tl.max(z_dn, axis=0)
+    return (
+        tl.sum(w_ge, axis=0),
+        up_min,
+        tl.sum(tl.where(z_up == up_min, w_up, 0.0), axis=0),
+        dn_max,
+        tl.sum(tl.where(z_dn == dn_max, w_dn, 0.0), axis=0),
+    )
 
 
 @triton.jit
@@ -156,18 +180,9 @@ def _kth_value(
 
 @triton.jit
 def _nucleus_value(
-    base,
-    V,
-    inv_t,
-    z_max,
-    k_thr,
-    inside_mass,
-    z_in,
-    z_floor,
-    cols,
-    SEARCH: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    base, V, inv_t, z_max, k_thr, inside_mass, z_in, z_floor, cols,
+    SEARCH: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """The nucleus' last value: the smallest present z whose strictly larger values hold less
     mass than inside_mass (= top_p x the top-k set's mass); z_in is a value known to be inside,
     z_floor one below every value. Returns (that value, the mass of the values above it)."""
@@ -228,39 +243,44 @@ def _sample_kernel(
         seed_lo = tl.load(seed_lo_ptr + lane).to(tl.uint32)
         seed_hi = tl.load(seed_hi_ptr + lane).to(tl.uint32)
         pos = tl.load(pos_ptr + row).to(tl.uint32)
+        no_token = tl.full([BLOCK], V, tl.int32)
 
         # one pass: max, min and (online) softmax normaliser of z, and the noisy argmax of all
-        z_max = float("-inf")
-        z_min = float("inf")
-        total = 0.0
-        best = float("-inf")
-        best_i = 0
-        best_z = 0.0
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        low = tl.full([BLOCK], float("inf"), tl.float32)
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_i = no_token
+        best_z = tl.zeros([BLOCK], tl.float32)
         for start in range(0, V, BLOCK):
             idx, inside, z = _z_block(base, start, cols, V, inv_t)
-            new_max = tl.maximum(z_max, tl.max(tl.where(inside, z, float("-inf")), axis=0))
-            part = tl.sum(tl.where(inside, tl.exp(z - new_max), 0.0), axis=0)
-            total = total * tl.exp(z_max - new_max) + part
-            z_max = new_max
-            finite = inside & (z > float("-inf"))  # a drafter over part of the vocabulary
-            z_min = tl.minimum(z_min, tl.min(tl.where(finite, z, float("inf")), axis=0))
-            best, best_i, best_z = _noisy_argmax(
-                z, idx, inside, seed_lo, seed_hi, pos, V, best, best_i, best_z
-            )
+            zm = tl.where(inside, z, float("-inf"))
+            m, s = _fold_softmax(zm, m, s)
+            # a drafter over part of the vocabulary leaves -inf: not the row's smallest value
+            low = tl.minimum(low, tl.where(zm > float("-inf"), zm, float("inf")))
+            noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
+            best, best_i, best_z = _fold_max(zm + noise, idx, z, best, best_i, best_z)
+        z_max = tl.max(m, axis=0)
+        total = tl.sum(s * tl.exp(m - z_max), axis=0)
+        z_min = tl.min(low, axis=0)
+        tok, tok_z = _argmax_of(best, best_i, best_z, V)
 
         # top-k: the set z >= k_thr, its mass and its noisy argmax
         k_thr = float("-inf")
         if (top_k > 0) & (top_k < V):
             k_thr = _kth_value(base, V, inv_t, z_min, z_max, top_k, cols, SEARCH, BLOCK)
-            total = 0.0
-            best = float("-inf")
+            mass = tl.zeros([BLOCK], tl.float32)
+            best = tl.full([BLOCK], float("-inf"), tl.float32)
+            best_i = no_token
             for start in range(0, V, BLOCK):
                 idx, inside, z = _z_block(base, start, cols, V, inv_t)
                 live = inside & (z >= k_thr)
-                total += tl.sum(tl.where(live, tl.exp(z - z_max), 0.0), axis=0)
-                best, best_i, best_z = _noisy_argmax(
-                    z, idx, live, seed_lo, seed_hi, pos, V, best, best_i, best_z
-                )
+                mass += tl.where(live, tl.exp(z - z_max), 0.0)
+                noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
+                score = tl.where(live, z + noise, float("-inf"))
+                best, best_i, best_z = _fold_max(score, idx, z, best, best_i, best_z)
+            total = tl.sum(mass, axis=0)
+            tok, tok_z = _argmax_of(best, best_i, best_z, V)
 
         norm = total
         if top_p < 1.0:
@@ -268,26 +288,26 @@ def _sample_kernel(
             # walk up the sorted order until the candidate is in the nucleus
             walking = 1
             while walking != 0:
-                before = 0.0
-                nxt = float("-inf")
-                nxt_i = best_i
-                nxt_z = best_z
+                before = tl.zeros([BLOCK], tl.float32)
+                best = tl.full([BLOCK], float("-inf"), tl.float32)
+                best_i = no_token
                 for start in range(0, V, BLOCK):
                     idx, inside, z = _z_block(base, start, cols, V, inv_t)
                     ahead = inside & (z >= k_thr)
-                    ahead = ahead & ((z > best_z) | ((z == best_z) & (idx < best_i)))
-                    before += tl.sum(tl.where(ahead, tl.exp(z - z_max), 0.0), axis=0)
-                    nxt, nxt_i, nxt_z = _noisy_argmax(
-                        z, idx, ahead, seed_lo, seed_hi, pos, V, nxt, nxt_i, nxt_z
-                    )
-                out = before >= inside_mass
-                best_i = tl.where(out, nxt_i, best_i)
-                best_z = tl.where(out, nxt_z, best_z)
+                    ahead = ahead & ((z > tok_z) | ((z == tok_z) & (idx < tok)))
+                    before += tl.where(ahead, tl.exp(z - z_max), 0.0)
+                    noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
+                    score = tl.where(ahead, z + noise, float("-inf"))
+                    best, best_i, best_z = _fold_max(score, idx, z, best, best_i, best_z)
+                out = tl.sum(before, axis=0) >= inside_mass
+                nxt, nxt_z = _argmax_of(best, best_i, best_z, V)
+                tok = tl.where(out, nxt, tok)
+                tok_z = tl.where(out, nxt_z, tok_z)
                 walking = out.to(tl.int32)
             # the normaliser: the values above the nucleus' last one, and its ties in id order
             floor = tl.maximum(z_min, k_thr) - 1.0
             z_last, above = _nucleus_value(
-                base, V, inv_t, z_max, k_thr, inside_mass, best_z, floor, cols, SEARCH, BLOCK
+                base, V, inv_t, z_max, k_thr, inside_mass, tok_z, floor, cols, SEARCH, BLOCK
             )
             norm = above
             ties_before = 0.0
@@ -298,8 +318,8 @@ def _sample_kernel(
                 first_mass = above + ties_before + tl.cumsum(e, axis=0) - e
                 norm += tl.sum(tl.where(tie & (first_mass < inside_mass), e, 0.0), axis=0)
                 ties_before += tl.sum(e, axis=0)
-        tl.store(out_ptr + row, best_i.to(tl.int64))
-        tl.store(logprob_ptr + row, best_z - z_max - tl.log(norm))
+        tl.store(out_ptr + row, tok.to(tl.int64))
+        tl.store(logprob_ptr + row, tok_z - z_max - tl.log(norm))
 
 
 @triton.jit

@@ -25,6 +25,33 @@ def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, t
     return greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
 
 
+class _ParamsCache:
+    """The device copy of the last rows' sampling parameters: steady decode samples the same
+    lanes round after round, so only their positions need to travel."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.params = None
+
+    def get(self, rows: Sequence[tuple[SamplingParams, int]], device: torch.device):
+        from lanes.kernels.sampling import RowParams
+
+        key = (device, *((p.temperature, p.top_k, p.top_p, p.seed or 0) for p, _ in rows))
+        if key != self.key:
+            self.params = RowParams.upload(
+                [p.temperature for p, _ in rows],
+                [p.top_k for p, _ in rows],
+                [p.top_p for p, _ in rows],
+                [p.seed or 0 for p, _ in rows],
+                device,
+            )
+            self.key = key
+        return self.params
+
+
+_last_params = _ParamsCache()
+
+
 def sample_rows(
     logits: torch.Tensor,
     rows: Sequence[tuple[SamplingParams, int]],
@@ -36,7 +63,7 @@ def sample_rows(
     the distribution it was sampled from. All-greedy rows take the parameter-free kernel."""
     if all(p.is_greedy for p, _ in rows):
         return greedy_rows(logits, use_triton)
-    from lanes.kernels.sampling import sample_tokens
+    from lanes.kernels.sampling import sample_with
     from lanes.sampling import sample_row
 
     logits = logits.contiguous()
@@ -45,15 +72,11 @@ def sample_rows(
         tokens = torch.tensor([t for t, _ in drawn], dtype=torch.int64)
         logprobs = torch.stack([lp[t].float().cpu() for t, lp in drawn])
         return tokens.to(logits.device), logprobs.to(logits.device)
-    params = [p for p, _ in rows]
-    return sample_tokens(
-        logits,
-        torch.tensor([p.temperature for p in params], dtype=torch.float32),
-        torch.tensor([p.top_k for p in params], dtype=torch.int64),
-        torch.tensor([p.top_p for p in params], dtype=torch.float32),
-        [p.seed or 0 for p in params],
-        [pos for _, pos in rows],
-    )
+    device = logits.device
+    positions = torch.tensor(
+        [pos for _, pos in rows], dtype=torch.int64, pin_memory=device.type == "cuda"
+    ).to(device, non_blocking=True)
+    return sample_with(logits, _last_params.get(rows, device), positions)
 
 
 def to_host(*tensors: torch.Tensor) -> list[list[float]]:

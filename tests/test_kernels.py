@@ -196,18 +196,18 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
 
 
 def _seeded_engine(tiny_models, monkeypatch):
-    """A Triton engine whose sample_tokens launches are counted (their row counts)."""
+    """A Triton engine whose sampling-kernel launches are counted (their row counts)."""
     import lanes.kernels.sampling
     from lanes import EngineConfig, build_engine
 
     launched = []
-    sample_tokens = lanes.kernels.sampling.sample_tokens
+    sample_with = lanes.kernels.sampling.sample_with
 
     def counted(logits, *args):
         launched.append(logits.shape[0])
-        return sample_tokens(logits, *args)
+        return sample_with(logits, *args)
 
-    monkeypatch.setattr(lanes.kernels.sampling, "sample_tokens", counted)
+    monkeypatch.setattr(lanes.kernels.sampling, "sample_with", counted)
     config = EngineConfig(
         kernels="triton", device=DEVICE, prefill_chunk=32, cost_aware_drafts=False
     )
