@@ -26,6 +26,7 @@ from lanes.models import Checkpoint, build_decoder, open_checkpoint
 from lanes.models.decoder import Decoder
 from lanes.parallel import Comm, shard_config, shard_weights, worker_loop
 from lanes.runner import build_runner
+from lanes.warmup import prepare_device
 
 
 def build_engine(
@@ -64,7 +65,9 @@ def build_engine(
     runner = build_runner(decoder, max(1, budget // per_block), cfg, dtype)
     if proposer is None and (parallel is None or parallel.rank == 0):
         proposer = make_proposer(cfg.drafter, cfg, ckpt)
-    return engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
+    engine = engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
+    prepare_device(engine)  # graphs captured and samplers compiled before any request
+    return engine
 
 
 def _state_bytes(mc, lanes: int) -> int:

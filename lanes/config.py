@@ -366,10 +366,13 @@ class EngineConfig:
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
     kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
     cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
-    # launch a greedy decode round on the previous round's device tokens before reading them
-    # back (lanes/inflight.py); None: on CUDA only (on the CPU nothing runs asynchronously)
+    # capture every lane bucket's decode (and full verify) graph and compile the samplers when
+    # the engine is built, not at the first round that needs them (lanes/warmup.py)
+    capture_at_start: bool = True
+    # launch a decode round on the previous round's device tokens before reading them back
+    # (lanes/inflight.py); None: on CUDA only (on the CPU nothing runs asynchronously)
     overlap: bool | None = None
-    # drafted greedy rounds of an EAGLE-style head kept on the device, one graph per round
+    # drafted rounds of an EAGLE-style head kept on the device, one graph per round
     # (lanes/device_rounds.py); None: where CUDA graphs run both; True: also eagerly (tests)
     device_rounds: bool | None = None
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)

@@ -258,6 +258,16 @@ class DeviceRounds:
         positions. The engine reserves target blocks up to here."""
         return lane.num_known + 2 * self.k + 1
 
+    def prepare(self) -> int:
+        """Build (and on CUDA capture) every lane bucket now, not when rounds first start with
+        that many lanes. Returns how many were built."""
+        built = 0
+        for size in LANE_BUCKETS:
+            if size not in self.buckets:
+                self.buckets[size] = self._bucket(size)
+                built += 1
+        return built
+
     def start(self, lanes: Sequence) -> bool:
         """Seed the rounds from the lanes' host state (after a synchronous round); False, with
         nothing changed, where a lane's head state cannot seed them."""

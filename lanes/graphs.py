@@ -157,6 +157,20 @@ class DecodeGraphs:
             for s in steps
         )
 
+    def prepare(self, tokens_per_lane: Sequence[int]) -> int:
+        """Capture every lane bucket's graph for these tokens per lane now, rather than in the
+        first round that needs one, where the capture (and Triton's first compiles) would stall
+        every running lane. Returns how many graphs were captured."""
+        captured = 0
+        for tokens in tokens_per_lane:
+            if not 0 < tokens <= MAX_TOKENS_PER_LANE:
+                continue
+            for lanes in LANE_BUCKETS:
+                if (lanes, tokens) not in self.graphs:
+                    self.graphs[(lanes, tokens)] = self._capture(lanes, tokens)
+                    captured += 1
+        return captured
+
     def run(
         self, steps: Sequence[Step], previous_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:

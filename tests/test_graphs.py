@@ -132,3 +132,22 @@ def test_graphs_keep_up_as_lanes_come_and_go():
     drafted = graphed.generate(prompts[::-1], params[::-1], cache_salt="d")
     assert [d.token_ids for d in drafted] == [w.token_ids for w in want[::-1]]
     graphed.check_integrity()
+
+
+def test_graphs_are_captured_when_the_engine_is_built():
+    """Every lane bucket's decode graph exists before the first request (lanes/warmup.py), so no
+    round stalls on a capture; with capture_at_start off they come at first use. Same tokens."""
+    from lanes.graphs import LANE_BUCKETS
+
+    ckpt = random_checkpoint(TINY, "cuda")
+    ready = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
+    lazy = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda", capture_at_start=False))
+    captured = set(ready.runner.graphs.graphs)
+    assert {(n, 1) for n in LANE_BUCKETS} <= captured
+    assert not lazy.runner.graphs.graphs
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    got, want = ready.generate(prompts, params), lazy.generate(prompts, params)
+    assert set(ready.runner.graphs.graphs) == captured  # no round captured one
+    assert lazy.runner.graphs.graphs  # these were captured by the rounds
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]

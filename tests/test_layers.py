@@ -22,7 +22,7 @@ LAYERS = [
     ("api", ["lanes", "lanes.cli", "lanes.serve_options", "lanes.server", "lanes.openai_api",
              "lanes.async_engine", "lanes.drafter.distill", "lanes.utility_api",
              "lanes.server_metrics", "lanes.tools"]),
-    ("build", ["lanes.build"]),  # the composition root
+    ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
                 "lanes.inflight", "lanes.draft_costs", "lanes.recurrent"]),
     ("drafter", ["lanes.drafter"]),

@@ -1,0 +1,59 @@
+"""Work done once when an engine is built on a GPU, so that no request pays for it: every lane
+bucket's CUDA graph captured (decode, and the full verify when a drafter verifies through the
+target's graphs), the device rounds' buckets captured, and the sampling kernels compiled.
+
+Done lazily, each of these lands inside some round and stalls every lane running then: on the
+H200 a c64 run (bench/c64_rounds.py) had single rounds of 0.8-2.7 s where a graph was captured or
+a kernel compiled, and a first seeded request waited ~2 s for the sampler's compile. vLLM
+captures its decode graphs at start for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from lanes.engine import Engine
+
+log = logging.getLogger("lanes")
+
+
+def prepare_device(engine: Engine) -> None:
+    """Capture and compile what the engine's rounds will need (CUDA, one process; a no-op
+    elsewhere or with EngineConfig.capture_at_start off)."""
+    cfg = engine.config
+    if not cfg.device.startswith("cuda") or not cfg.capture_at_start or engine.comm is not None:
+        return
+    start = time.perf_counter()
+    captured = 0
+    graphs = engine.runner.graphs
+    if graphs is not None:
+        tokens = [1]  # decode
+        if engine.proposer is not None and engine.device_rounds is None:
+            tokens.append(1 + cfg.num_draft_tokens)  # a full verify
+        captured += graphs.prepare(tokens)
+    if engine.device_rounds is not None:
+        captured += engine.device_rounds.prepare()
+    if engine.ops.name == "triton":
+        compile_samplers(engine.model_config.vocab_size, cfg.device)
+    torch.cuda.synchronize(cfg.device)
+    log.info(
+        "captured %d CUDA graphs and compiled the samplers in %.1f s",
+        captured,
+        time.perf_counter() - start,
+    )
+
+
+def compile_samplers(vocab_size: int, device: str) -> None:
+    """One launch of each sampling kernel (greedy; seeded with top-k and top-p) on throwaway
+    logits: Triton compiles them now."""
+    from lanes.kernels.sampling import RowParams, greedy_tokens, sample_with
+
+    logits = torch.randn((2, vocab_size), device=device)
+    params = RowParams.upload([0.0, 1.0], [0, 20], [1.0, 0.9], [0, 1], device)
+    sample_with(logits, params, torch.zeros(2, dtype=torch.int64, device=device))
+    greedy_tokens(logits)
