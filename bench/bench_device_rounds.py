@@ -63,6 +63,7 @@ def kept_drafts(rounds, truth: torch.Tensor, p: float, vocab: int) -> None:
         return torch.where(keep[positions], right, wrong)
 
     rounds.sample = sample
+    rounds.buckets.clear()  # captured at start with the head's own sampler: capture them again
 
 
 def gaps(spans) -> tuple[float, float, float]:

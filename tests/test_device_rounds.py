@@ -35,6 +35,7 @@ class Oracle:
     def __init__(self, rounds: DeviceRounds, plain: dict[tuple, list[int]]) -> None:
         self.rounds, self.plain = rounds, plain
         rounds.pool = None  # eager rounds, on the GPU too
+        rounds.buckets.clear()  # those captured at start replay the head's own sampler
         self.kept: set[int] = set()
         take = rounds.take
 
