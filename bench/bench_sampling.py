@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from bench.bench_matmul import event_us
+
 # (label, temperature, top_k, top_p): greedy, OpenAI's defaults, and common sampler settings
 SETTINGS = [
     ("greedy", 0.0, 0, 1.0),
@@ -45,20 +47,6 @@ def zipf_logits(rows: int, vocab: int, seed: int, device: str) -> torch.Tensor:
     return torch.stack(out).to(torch.bfloat16).float().to(device)
 
 
-def event_median_us(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
-
-
 def graph_median_us(logits, temp, top_k, top_p, seeds, positions, reps: int = 20) -> float:
     """Device time of one sampling launch alone: the kernel captured in a CUDA graph (device
     parameters, no host work) and its replays timed with events."""
@@ -71,7 +59,7 @@ def graph_median_us(logits, temp, top_k, top_p, seeds, positions, reps: int = 20
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sample_with(logits, params, where)
-    return event_median_us(graph.replay, reps)
+    return event_us(graph.replay, reps)
 
 
 def kernel_part() -> dict:
@@ -92,9 +80,9 @@ def kernel_part() -> dict:
                 want = ref_sample_tokens(*args)
                 equal = torch.equal(got[0].cpu(), want[0].cpu())
                 if label == "greedy":
-                    kernel = event_median_us(lambda x=logits: greedy_tokens(x))
+                    kernel = event_us(lambda x=logits: greedy_tokens(x), 30)
                 else:
-                    kernel = event_median_us(lambda a=args: sample_tokens(*a))
+                    kernel = event_us(lambda a=args: sample_tokens(*a), 30)
                 device = graph_median_us(logits, temp, top_k, top_p, seeds, positions)
                 # the host path of the old engine: one row at a time, read back each
                 host = []

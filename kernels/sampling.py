@@ -148,6 +148,31 @@ def _split(base, V, inv_t, z_max, k_thr, mid, cols, USE_MASS: tl.constexpr, BLOC
 
 
 @triton.jit
+def _set_pass(
+    base, V, inv_t, z_max, k_thr, tok, tok_z, seed_lo, seed_hi, pos, cols,
+    AHEAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One pass over the set z >= k_thr (with AHEAD: only the tokens sorted before `tok`, whose
+    z is tok_z: larger z, or equal z and a lower id): (its mass exp(z - z_max), its noisy
+    argmax, that token's z)."""
+    mass = tl.zeros([BLOCK], tl.float32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_i = tl.full([BLOCK], V, tl.int32)
+    best_z = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        idx, inside, z = _z_block(base, start, cols, V, inv_t)
+        member = inside & (z >= k_thr)
+        if AHEAD:
+            member = member & ((z > tok_z) | ((z == tok_z) & (idx < tok)))
+        mass += tl.where(member, tl.exp(z - z_max), 0.0)
+        noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
+        score = tl.where(member, z + noise, float("-inf"))
+        best, best_i, best_z = _fold_max(score, idx, z, best, best_i, best_z)
+    token, token_z = _argmax_of(best, best_i, best_z, V)
+    return tl.sum(mass, axis=0), token, token_z
+
+
+@triton.jit
 def _kth_value(
     base, V, inv_t, z_min, z_max, top_k, cols, SEARCH: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -243,14 +268,13 @@ def _sample_kernel(
         seed_lo = tl.load(seed_lo_ptr + lane).to(tl.uint32)
         seed_hi = tl.load(seed_hi_ptr + lane).to(tl.uint32)
         pos = tl.load(pos_ptr + row).to(tl.uint32)
-        no_token = tl.full([BLOCK], V, tl.int32)
 
         # one pass: max, min and (online) softmax normaliser of z, and the noisy argmax of all
         m = tl.full([BLOCK], float("-inf"), tl.float32)
         s = tl.zeros([BLOCK], tl.float32)
         low = tl.full([BLOCK], float("inf"), tl.float32)
         best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = no_token
+        best_i = tl.full([BLOCK], V, tl.int32)
         best_z = tl.zeros([BLOCK], tl.float32)
         for start in range(0, V, BLOCK):
             idx, inside, z = _z_block(base, start, cols, V, inv_t)
@@ -269,18 +293,9 @@ def _sample_kernel(
         k_thr = float("-inf")
         if (top_k > 0) & (top_k < V):
             k_thr = _kth_value(base, V, inv_t, z_min, z_max, top_k, cols, SEARCH, BLOCK)
-            mass = tl.zeros([BLOCK], tl.float32)
-            best = tl.full([BLOCK], float("-inf"), tl.float32)
-            best_i = no_token
-            for start in range(0, V, BLOCK):
-                idx, inside, z = _z_block(base, start, cols, V, inv_t)
-                live = inside & (z >= k_thr)
-                mass += tl.where(live, tl.exp(z - z_max), 0.0)
-                noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
-                score = tl.where(live, z + noise, float("-inf"))
-                best, best_i, best_z = _fold_max(score, idx, z, best, best_i, best_z)
-            total = tl.sum(mass, axis=0)
-            tok, tok_z = _argmax_of(best, best_i, best_z, V)
+            total, tok, tok_z = _set_pass(
+                base, V, inv_t, z_max, k_thr, tok, tok_z, seed_lo, seed_hi, pos, cols, False, BLOCK
+            )
 
         norm = total
         if top_p < 1.0:
@@ -288,19 +303,11 @@ def _sample_kernel(
             # walk up the sorted order until the candidate is in the nucleus
             walking = 1
             while walking != 0:
-                before = tl.zeros([BLOCK], tl.float32)
-                best = tl.full([BLOCK], float("-inf"), tl.float32)
-                best_i = no_token
-                for start in range(0, V, BLOCK):
-                    idx, inside, z = _z_block(base, start, cols, V, inv_t)
-                    ahead = inside & (z >= k_thr)
-                    ahead = ahead & ((z > tok_z) | ((z == tok_z) & (idx < tok)))
-                    before += tl.where(ahead, tl.exp(z - z_max), 0.0)
-                    noise = _gumbel(seed_lo, seed_hi, pos, idx.to(tl.uint32))
-                    score = tl.where(ahead, z + noise, float("-inf"))
-                    best, best_i, best_z = _fold_max(score, idx, z, best, best_i, best_z)
-                out = tl.sum(before, axis=0) >= inside_mass
-                nxt, nxt_z = _argmax_of(best, best_i, best_z, V)
+                before, nxt, nxt_z = _set_pass(
+                    base, V, inv_t, z_max, k_thr, tok, tok_z, seed_lo, seed_hi, pos, cols, True,
+                    BLOCK,
+                )  # fmt: skip
+                out = before >= inside_mass
                 tok = tl.where(out, nxt, tok)
                 tok_z = tl.where(out, nxt_z, tok_z)
                 walking = out.to(tl.int32)
