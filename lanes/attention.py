@@ -9,9 +9,11 @@ from lanes.batch import ForwardBatch
 
 # Exact mode tiles. Keys are reduced in tiles of KEY_TILE absolute positions (0..63, 64..127, ...)
 # and queries go through in tiles of QUERY_TILE rows, so every product has one shape and a query's
-# merge order depends only on its own position: prefill, decode and verify agree bitwise.
+# sums run in an order fixed by its own position: prefill, decode and verify agree bitwise.
 KEY_TILE = 64
 QUERY_TILE = 16
+# query tiles x key tiles per batched product: bounds the scores' memory on long prompts
+_TILE_PAIRS = 256
 
 
 def exact_attention(
@@ -19,9 +21,12 @@ def exact_attention(
 ) -> torch.Tensor:
     """q [num_tokens, num_heads, head_dim]; caches [num_slots, num_kv_heads, head_dim].
 
-    Returns [num_tokens, num_heads, head_dim]. For each lane: online softmax over key tiles in
-    ascending order; a tile entirely after a query's position leaves its state unchanged bitwise
-    (scores -inf, weights exactly 0, rescale factor exactly 1).
+    Returns [num_tokens, num_heads, head_dim]. For each lane, all key tiles at once: per-tile
+    products (one batched matmul of fixed-shape tiles), the softmax max over every visible key
+    (exact in any order), then per-tile sums of 64 keys and a sequential sum over tiles
+    (`cumsum`, accumulated in float64 in ascending order): tiles past a query's position add
+    exact zeros, so the bits do not depend on how far the context reaches beyond it. A handful
+    of torch calls per lane and layer, whatever the context length (no per-tile Python loop).
     """
     out = torch.empty_like(q)
     for seq in batch.seqs:
@@ -42,44 +47,55 @@ def _exact_one_seq(q, k_cache, v_cache, kv_slots, first_position):
     if pad_q:
         q = torch.cat([q, q[-1:].expand(pad_q, -1, -1)])
         q_pos = torch.cat([q_pos, q_pos[-1:].expand(pad_q)])
-    # [num_qtiles, num_kv_heads, group * QUERY_TILE, head_dim]; row = (head in group, query)
+    rows = group * QUERY_TILE
+    # [num_qtiles, num_kv_heads, rows, head_dim]; row = (head in group, query)
     q_t = (
         q.float()
         .view(num_qtiles, QUERY_TILE, num_kv_heads, group, head_dim)
         .permute(0, 2, 3, 1, 4)
-        .reshape(num_qtiles, num_kv_heads, group * QUERY_TILE, head_dim)
+        .reshape(num_qtiles, num_kv_heads, rows, head_dim)
     )
-    q_pos_rows = (
-        q_pos.view(num_qtiles, 1, QUERY_TILE).expand(-1, group, -1).reshape(num_qtiles, 1, -1)
-    )
-    scale = head_dim**-0.5
-    shape = (num_qtiles, num_kv_heads, group * QUERY_TILE)
-    m = torch.full(shape, float("-inf"), device=q.device)
-    denom = torch.zeros(shape, device=q.device)
-    acc = torch.zeros((*shape, head_dim), device=q.device)
-    for start in range(0, context_len, KEY_TILE):
-        key_pos = torch.arange(start, start + KEY_TILE, device=q.device)
-        slots = kv_slots[start : start + KEY_TILE]
-        if slots.shape[0] < KEY_TILE:  # past the context: any slot, always masked below
-            slots = torch.cat([slots, slots[:1].expand(KEY_TILE - slots.shape[0])])
-        k = k_cache[slots].float().permute(1, 2, 0)  # [num_kv_heads, head_dim, KEY_TILE]
-        v = v_cache[slots].float().permute(1, 0, 2)  # [num_kv_heads, KEY_TILE, head_dim]
-        scores = torch.matmul(q_t, k) * scale  # [num_qtiles, num_kv_heads, rows, KEY_TILE]
-        visible = key_pos.view(1, 1, 1, -1) <= q_pos_rows.unsqueeze(-1)
-        scores = scores.masked_fill(~visible, float("-inf"))
-        m_new = torch.maximum(m, scores.amax(dim=-1))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(scores - m_new.unsqueeze(-1))
-        denom = denom * alpha + p.sum(dim=-1)
-        acc = acc * alpha.unsqueeze(-1) + torch.matmul(p, v)
-        m = m_new
-    o = acc / denom.unsqueeze(-1)
+    q_pos_rows = q_pos.view(num_qtiles, 1, QUERY_TILE).expand(-1, group, -1).reshape(num_qtiles, -1)
+    # keys in whole tiles; slots past the context repeat the first one and are always masked
+    num_tiles = -(-context_len // KEY_TILE)
+    pad_k = num_tiles * KEY_TILE - context_len
+    slots = torch.cat([kv_slots, kv_slots[:1].expand(pad_k)]) if pad_k else kv_slots
+    k = k_cache[slots].float().view(num_tiles, KEY_TILE, num_kv_heads, head_dim)
+    v = v_cache[slots].float().view(num_tiles, KEY_TILE, num_kv_heads, head_dim)
+    k = k.permute(2, 0, 3, 1)  # [num_kv_heads, num_tiles, head_dim, KEY_TILE]
+    v = v.permute(2, 0, 1, 3)  # [num_kv_heads, num_tiles, KEY_TILE, head_dim]
+    key_pos = torch.arange(num_tiles * KEY_TILE, device=q.device).view(num_tiles, 1, KEY_TILE)
+    o = torch.empty((num_qtiles, num_kv_heads, rows, head_dim), device=q.device)
+    # query tiles in groups; each group reads the key tiles up to its last query's position
+    step = max(1, _TILE_PAIRS // num_tiles)
+    for first in range(0, num_qtiles, step):
+        last = min(first + step, num_qtiles)
+        top = first_position + min(last * QUERY_TILE, num_queries) - 1  # the group's last query
+        reach = top // KEY_TILE + 1
+        o[first:last] = _tiles(
+            q_t[first:last], k[:, :reach], v[:, :reach], key_pos[:reach], q_pos_rows[first:last]
+        )
     o = (
         o.view(num_qtiles, num_kv_heads, group, QUERY_TILE, head_dim)
         .permute(0, 3, 1, 2, 4)
         .reshape(num_qtiles * QUERY_TILE, num_heads, head_dim)
     )
     return o[:num_queries].to(q.dtype)
+
+
+def _tiles(q_t, k, v, key_pos, q_pos_rows):
+    """Attention of query tiles q_t [Q, HKV, rows, D] over key tiles k [HKV, T, D, KEY_TILE] and
+    v [HKV, T, KEY_TILE, D] at positions key_pos [T, 1, KEY_TILE]; -> [Q, HKV, rows, D]."""
+    scale = q_t.shape[-1] ** -0.5
+    scores = torch.matmul(q_t.unsqueeze(2), k) * scale  # [Q, HKV, T, rows, KEY_TILE]
+    visible = key_pos <= q_pos_rows.view(q_pos_rows.shape[0], 1, 1, -1, 1)  # [Q, 1, T, rows, K]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    m = scores.amax(dim=(2, 4), keepdim=True)  # [Q, HKV, 1, rows, 1]: exact in any order
+    p = torch.exp(scores - m)
+    # per tile: 64 keys summed; over tiles: a sequential float64 scan, read at the end
+    denom = p.sum(dim=-1).cumsum(dim=2)[:, :, -1]  # [Q, HKV, rows]
+    acc = torch.matmul(p, v).cumsum(dim=2)[:, :, -1]  # [Q, HKV, rows, D]
+    return acc / denom.unsqueeze(-1)
 
 
 def sdpa_attention(

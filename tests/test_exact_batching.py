@@ -143,3 +143,50 @@ def test_blocks_all_returned(exact):
     assert exact.pool.num_free + exact.cache.num_cached == exact.pool.num_blocks
     exact.cache.clear()
     assert exact.pool.num_free == exact.pool.num_blocks
+
+
+def _attention_rows_agree(attend) -> bool:
+    """Whether attend(q, k_cache, v_cache, batch) gives a query the same bits in a long prefill,
+    in a chunk that starts mid-tile, beside another lane, and alone as a decode row."""
+    from lanes.batch import ForwardBatch, SeqSlice
+
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, ctx = 6, 2, 16, 300
+    k_cache = torch.randn((ctx + 40, kv_heads, dim), generator=gen)
+    v_cache = torch.randn((ctx + 40, kv_heads, dim), generator=gen)
+    slots = torch.randperm(ctx + 40, generator=gen)[:ctx]  # scattered over the pool
+    q = torch.randn((ctx, heads, dim), generator=gen)
+
+    def run(parts: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """parts: (first position, number of queries) of lanes over the same context."""
+        seqs, start = [], 0
+        for first, n in parts:
+            seqs.append(SeqSlice(start, n, first + n, slots[: first + n]))
+            start += n
+        rows = torch.cat([q[first : first + n] for first, n in parts])
+        none = torch.zeros(0, dtype=torch.int64)
+        out = attend(rows, k_cache, v_cache, ForwardBatch(none, none, none, tuple(seqs), none))
+        return list(out.split([n for _, n in parts]))
+
+    (whole,) = run([(0, ctx)])
+    same = torch.equal(run([(77, 150)])[0], whole[77:227])  # a chunk starting mid-tile
+    for p in (0, 63, 64, 200, ctx - 1):
+        beside, alone = run([(10, 40), (p, 1)])[1], run([(p, 1)])[0]
+        same &= torch.equal(alone, whole[p : p + 1]) and torch.equal(beside, alone)
+    return same
+
+
+def test_exact_attention_rows_keep_their_bits_across_chunks_and_tile_groups(monkeypatch):
+    """Exact attention: sums over tiles past a query's position add exact zeros and each product
+    has the tile's fixed shape, so its bits never depend on the chunk, the lane beside it or the
+    grouping of query tiles (several groups here)."""
+    import lanes.attention as attention
+
+    monkeypatch.setattr(attention, "_TILE_PAIRS", 8)
+    assert _attention_rows_agree(attention.exact_attention)
+
+
+def test_negative_control_sdpa_rows_change_with_the_chunk():
+    from lanes.attention import sdpa_attention
+
+    assert not _attention_rows_agree(sdpa_attention)
