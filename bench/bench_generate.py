@@ -4,6 +4,7 @@
         [--modes exact,fast] [--dtypes auto]      (e.g. --modes exact --dtypes float32,bfloat16)
         [--row-tiles 16,2]     (exact mode on the CPU: the linears' fixed row tile, lanes.ops.ROW_TILE)
         [--prefill 1000]       (also: time to first token of a fresh prompt of that many tokens)
+        [--context 1500]       (also: decode tok/s after a cached prompt of that many tokens)
 
 Prints a table and writes bench/results/generate-<device>.json. Modes alternate (A B A B) so drift
 hits both; the first run of each mode is a warm-up and is dropped.
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="auto", help="comma-separated: auto, float32, bfloat16")
     ap.add_argument("--row-tiles", default=None, help="comma-separated ROW_TILE values to compare")
     ap.add_argument("--prefill", type=int, default=0, help="also time a fresh N-token prompt")
+    ap.add_argument("--context", type=int, default=0, help="also decode after an N-token prompt")
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
@@ -55,6 +57,8 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {m: [] for m in engines}
     ttfts: dict[str, list[float]] = {m: [] for m in engines}
+    long_rates: dict[str, list[float]] = {m: [] for m in engines}
+    context_prompt = [(37 * i) % 40000 + 100 for i in range(args.context)]
     long_prompt = [(7 * i) % 1000 + 10 for i in range(args.prefill)]  # token ids, no template
     prompt_len = 0
     for i in range(args.repeats + 1):
@@ -69,6 +73,11 @@ def main() -> None:
                 first = SamplingParams(max_tokens=1, ignore_eos=True)
                 (out,) = engine.generate([long_prompt], first, cache_salt=f"prefill{i}")
                 ttfts[mode].append(out.ttft)
+            if args.context:  # the prompt is cached from the warm-up run on: decode alone
+                (out,) = engine.generate([context_prompt], params, cache_salt="context")
+                t = out.token_times
+                if i > 0:
+                    long_rates[mode].append((len(t) - 1) / (t[-1] - t[0]))
     rows = {
         mode: {
             "median_s": statistics.median(t),
@@ -77,6 +86,11 @@ def main() -> None:
             **(
                 {f"prefill_{args.prefill}_s": statistics.median(ttfts[mode])}
                 if args.prefill
+                else {}
+            ),
+            **(
+                {f"decode_after_{args.context}_tok_s": statistics.median(long_rates[mode])}
+                if args.context
                 else {}
             ),
         }
@@ -102,6 +116,9 @@ def main() -> None:
             if args.prefill
             else ""
         )
+        if args.context:
+            extra += f"   decode after {args.context}: "
+            extra += f"{r[f'decode_after_{args.context}_tok_s']:.1f} tok/s"
         print(f"{mode:14} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}{extra}")
     result["row_tiles"] = row_tile
     plain = args.modes == "exact,fast" and args.dtypes == "auto" and len(tiles) == 1
