@@ -316,7 +316,7 @@ class DeviceRounds:
                 [p.temperature if p else 0.0 for p in params],
                 [p.top_k if p else 0 for p in params],
                 [p.top_p if p else 1.0 for p in params],
-                [p.seed or 0 if p else 0 for p in params],
+                [(p.seed or 0) if p else 0 for p in params],
                 self.device,
             )
         )

@@ -25,9 +25,10 @@ def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, t
     return greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
 
 
-class _ParamsCache:
-    """The device copy of the last rows' sampling parameters: steady decode samples the same
-    lanes round after round, so only their positions need to travel."""
+class ParamsOnDevice:
+    """The device copy of the last rows' sampling parameters, kept by its owner (the engine):
+    steady decode samples the same lanes round after round, so only their positions need to
+    travel. New parameters get new tensors; a launch in flight keeps reading its own."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
@@ -49,18 +50,17 @@ class _ParamsCache:
         return self.params
 
 
-_last_params = _ParamsCache()
-
-
 def sample_rows(
     logits: torch.Tensor,
     rows: Sequence[tuple[SamplingParams, int]],
     use_triton: bool,
+    on_device: ParamsOnDevice | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of logits [R, vocab], row i sampled with rows[i] = (params, position):
     greedy, or position-keyed with temperature, top-k and top-p (params.seed set). Returns
     (tokens int64 [R], logprobs fp32 [R]) on logits' device: each token's log-probability under
-    the distribution it was sampled from. All-greedy rows take the parameter-free kernel."""
+    the distribution it was sampled from. All-greedy rows take the parameter-free kernel;
+    `on_device` keeps the rows' parameters on the device between calls."""
     if all(p.is_greedy for p, _ in rows):
         return greedy_rows(logits, use_triton)
     from lanes.kernels.sampling import sample_with
@@ -76,7 +76,8 @@ def sample_rows(
     positions = torch.tensor(
         [pos for _, pos in rows], dtype=torch.int64, pin_memory=device.type == "cuda"
     ).to(device, non_blocking=True)
-    return sample_with(logits, _last_params.get(rows, device), positions)
+    params = (on_device or ParamsOnDevice()).get(rows, device)
+    return sample_with(logits, params, positions)
 
 
 def to_host(*tensors: torch.Tensor) -> list[list[float]]:

@@ -22,7 +22,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
 from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
-from lanes.device_sampling import sample_rows, to_host
+from lanes.device_sampling import ParamsOnDevice, sample_rows, to_host
 from lanes.draft_costs import (
     DEVICE_MEASURE,
     DEVICE_PAUSE,
@@ -153,6 +153,7 @@ class Engine:
         self._overlap = cfg.overlap if cfg.overlap is not None else on_cuda
         self._cost_aware = cfg.cost_aware_drafts if cfg.cost_aware_drafts is not None else on_cuda
         self._inflight: InFlight | None = None
+        self._row_params = ParamsOnDevice()  # the sampled rows' parameters, kept on the device
         self._last_round_end = clock()
         self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
         self._num_decoding = 0  # decode lanes of the round being planned
@@ -366,7 +367,7 @@ class Engine:
         hidden = None
         if self._observing and any(self._drafting(s.lane) for s in steps):
             hidden = self.runner.last_hidden[: len(steps)].clone()
-        return launch_samples(steps, logits, self.ops.name == "triton", hidden)
+        return launch_samples(steps, logits, self.ops.name == "triton", hidden, self._row_params)
 
     def _launch_deferred(self, group: tuple[Step, ...]) -> list[Completion]:
         """Run the forward and sample it on the device; its tokens are taken next step."""
@@ -764,7 +765,7 @@ class Engine:
             rows = logits
             if len(where) < logits.shape[0]:
                 rows = logits[torch.tensor(where).to(logits.device, non_blocking=True)]
-            parts += sample_rows(rows, how, use_triton=True)
+            parts += sample_rows(rows, how, True, self._row_params)
         values = to_host(*parts, *sources)
         by_source = {id(src): v for src, v in zip(sources, values[len(parts) :], strict=True)}
         steps = [

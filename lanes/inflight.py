@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lanes.device_sampling import sample_rows
+from lanes.device_sampling import ParamsOnDevice, sample_rows
 from lanes.rounds import Step
 
 
@@ -44,12 +44,13 @@ def launch_samples(
     logits: torch.Tensor,
     use_triton: bool,
     hidden: torch.Tensor | None = None,
+    on_device: ParamsOnDevice | None = None,
 ) -> InFlight:
     """Each step's token from its logits row [num_steps, vocab] (greedy or position-keyed, as the
     synchronous path samples it) and its logprob, left on the device, with one asynchronous copy
     to the host."""
     rows = [(s.lane.params, s.first_sample_position) for s in steps]
-    tokens, logprobs = sample_rows(logits, rows, use_triton)
+    tokens, logprobs = sample_rows(logits, rows, use_triton, on_device)
     both = torch.stack([tokens.double(), logprobs.double()])  # token ids < 2**53: exact
     if not both.is_cuda:
         return InFlight(tuple(steps), tokens, both, None, hidden)

@@ -138,8 +138,8 @@ def test_negative_control_seeded_rows_launched_at_the_wrong_position(
     import lanes.inflight
     from lanes.device_sampling import sample_rows
 
-    def shifted(logits, rows, use_triton):
-        return sample_rows(logits, [(p, pos - 1) for p, pos in rows], use_triton)
+    def shifted(logits, rows, use_triton, on_device=None):
+        return sample_rows(logits, [(p, pos - 1) for p, pos in rows], use_triton, on_device)
 
     params = _seeded(_params(stop_text))
     sync, over = _engines(llama_dir)
