@@ -194,6 +194,22 @@ def test_a_first_download_says_so(tmp_path, monkeypatch, capsys):
     assert "lanes: fetching the default model" in capsys.readouterr().err
 
 
+def test_without_the_hub_the_default_model_says_where_it_comes_from(tmp_path, monkeypatch, capsys):
+    """No hub: the default model's GGUF is used, and stderr names the file (not only the hub
+    download that failed)."""
+    from lanes.models import resolve
+
+    def unreachable(repo_id):
+        raise resolve.ModelNotFound("no hub")
+
+    gguf = tmp_path / resolve.DEFAULT_GGUF
+    monkeypatch.setattr(resolve, "hub_snapshot", unreachable)
+    monkeypatch.setattr(resolve, "default_gguf", lambda: gguf)
+    monkeypatch.setattr(resolve, "open_gguf", lambda path: ("opened", path))
+    assert resolve.open_default() == ("opened", gguf)
+    assert f"the default model comes from {gguf}" in capsys.readouterr().err
+
+
 def test_tokenizer_flag_takes_another_directory(tiny_models, tmp_path):
     """vLLM's --tokenizer: the tokenizer of another HF directory replaces the model's (here one
     with another chat template); a missing directory or a larger vocabulary is a clear error."""

