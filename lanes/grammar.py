@@ -1,4 +1,5 @@
-"""Structured outputs: a request's output held to a JSON schema, a regex or a list of choices.
+"""Structured outputs: a request's output held to a JSON schema, a regex, a list of choices or a
+grammar (GBNF or Lark).
 
 The grammar engine is llguidance (the one vLLM and llama.cpp use; a Rust core with no Python
 dependencies). A grammar's mask for the next token is a function of the tokens before it, so it
@@ -23,6 +24,7 @@ KINDS = (
     "json_schema",
     "regex",
     "choice",
+    "grammar",  # a request's grammar: GBNF (llama.cpp's, the EBNF vLLM takes) or Lark
     "lark",
 )  # lark: internal (tool calls), not a request field
 
@@ -30,7 +32,8 @@ KINDS = (
 @dataclass(frozen=True)
 class Grammar:
     """What the output must match, as plain data: a JSON schema (as JSON text), a regex, a
-    JSON list of the allowed strings, or an llguidance Lark grammar."""
+    JSON list of the allowed strings, a request's GBNF or Lark grammar, or an llguidance Lark
+    grammar of lanes' own."""
 
     kind: str
     source: str
@@ -59,6 +62,14 @@ def _llguidance_text(grammar: Grammar) -> str:
         return llguidance.LLMatcher.grammar_from_regex(grammar.source)
     if grammar.kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(grammar.source)
+    if grammar.kind == "grammar":
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:  # Lark as it is (a `start:` rule), GBNF (`root ::= ...`) converted to it
+            lark = any_to_lark(grammar.source)
+        except Exception as e:  # the converter raises plain Exceptions too
+            raise ValueError(str(e)) from e
+        return llguidance.LLMatcher.grammar_from_lark(lark)
     alternatives = "|".join(_regex_literal(c) for c in json.loads(grammar.source))
     return llguidance.LLMatcher.grammar_from_regex(f"({alternatives})")
 

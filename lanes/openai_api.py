@@ -49,11 +49,9 @@ _UNSUPPORTED = {
     "best_of": None,
     "suffix": None,
     "echo": False,
-    # vLLM's grammar formats (EBNF / Lark): structured outputs take a schema, regex or choices
-    "guided_grammar": None,
 }
 _GRAMMAR_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                   "guided_choice")  # fmt: skip
+                   "guided_choice", "guided_grammar")  # fmt: skip
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 
 
@@ -279,11 +277,15 @@ def _grammar(body: dict, tools: Tools | None) -> Grammar | None:
             raise ApiError("'structured_outputs' must be an object", name)
         kinds = [k for k in ("json", "regex", "choice", "grammar") if value.get(k) is not None]
         if len(kinds) != 1:
-            raise ApiError("'structured_outputs' takes exactly one of json, regex, choice", name)
+            raise ApiError(
+                "'structured_outputs' takes exactly one of json, regex, choice, grammar", name
+            )
         name, value = f"structured_outputs.{kinds[0]}", value[kinds[0]]
     kind = name.split("_")[-1].split(".")[-1]
-    if kind == "grammar":
-        raise ApiError(f"'{name}' (EBNF/Lark) is not supported: use json, regex or choice", name)
+    if kind == "grammar":  # GBNF or Lark: a grammar that does not compile is the request's 400
+        if not isinstance(value, str) or not value.strip():
+            raise ApiError(f"'{name}' must be a non-empty GBNF or Lark grammar", name)
+        return Grammar("grammar", value)
     if kind == "json":
         if isinstance(value, str):
             try:

@@ -32,6 +32,8 @@ SCHEMA = {
 }
 PROMPTS = ["one two three one two three", "Paris is the capital of France; Berlin is", "fox"]
 SEEDED = dict(temperature=0.9, seed=11)
+GBNF = 'root ::= ("ab" | "cd") digit digit? digit? ";"\ndigit ::= [0-9]'
+GBNF_AS_LARK = 'start: ("ab" | "cd") DIGIT DIGIT? DIGIT? ";"\nDIGIT: /[0-9]/'
 
 
 def _matches_schema(text: str) -> bool:
@@ -68,6 +70,11 @@ def test_outputs_match_their_grammar(tiny_models, sampling):
     choices = ["red", "green", "blue (dark)"]
     choice = dataclasses.replace(params, grammar=Grammar.choice(choices))
     assert all(_text(engine, o) in choices for o in engine.generate(PROMPTS, choice))
+    # a request's grammar, in GBNF (llama.cpp's) and in Lark
+    for source in (GBNF, GBNF_AS_LARK):
+        grammar = dataclasses.replace(params, grammar=Grammar("grammar", source))
+        for out in engine.generate(PROMPTS, grammar):
+            assert re.fullmatch(r"(ab|cd)[0-9]{1,3};", _text(engine, out)), (source, out)
 
 
 def test_past_the_grammars_end_only_eos(tiny_models):
@@ -99,6 +106,9 @@ def test_a_bad_grammar_is_the_requests_error(tiny_models):
         engine.make_lane("fox", SamplingParams(grammar=Grammar("regex", "[0-9")))
     with pytest.raises(ValueError, match="json_schema is not valid"):
         engine.make_lane("fox", SamplingParams(grammar=Grammar.json_schema({"type": "bogus"})))
+    for bad in ("root ::= (", "start: undefined_rule", "no rules"):
+        with pytest.raises(ValueError, match="grammar is not valid"):
+            engine.make_lane("fox", SamplingParams(grammar=Grammar("grammar", bad)))
     with pytest.raises(ValueError, match="min_tokens"):
         SamplingParams(min_tokens=2, grammar=Grammar("regex", "a+"))
     (out,) = engine.generate(["fox"], SamplingParams(max_tokens=4))  # and it goes on

@@ -119,16 +119,16 @@ def test_stats_line_reports_the_interval_and_keeps_quiet_when_idle():
 
 
 def test_fields_that_would_change_output_are_refused_not_ignored():
-    """Fields lanes does not implement (tools, EBNF grammars) get a 400 naming the field; the
-    structured outputs it does implement become the request's grammar."""
+    """Fields lanes does not implement get a 400 naming the field; the structured outputs it
+    does implement become the request's grammar."""
     from lanes.grammar import Grammar
     from lanes.openai_api import ApiError, parse_request
 
     body = {"prompt": "x", "max_tokens": 4}
     for name, value in [
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("guided_grammar", "root ::= 'a'"),
-        ("structured_outputs", {"grammar": "root ::= 'a'"}),
+        ("functions", [{"name": "f"}]),
+        ("guided_grammar", ""),
+        ("structured_outputs", {"grammar": 3}),
         ("response_format", {"type": "yaml"}),
     ]:
         with pytest.raises(ApiError, match=name):
@@ -142,6 +142,8 @@ def test_fields_that_would_change_output_are_refused_not_ignored():
         ("guided_json", '{"type": "object"}', obj),
         ("guided_regex", "a+", Grammar("regex", "a+")),
         ("guided_choice", ["a", "b"], Grammar.choice(["a", "b"])),
+        ("guided_grammar", 'root ::= "a"', Grammar("grammar", 'root ::= "a"')),
+        ("structured_outputs", {"grammar": 'start: "a"'}, Grammar("grammar", 'start: "a"')),
         ("response_format", {"type": "text"}, None),  # changes nothing
     ]:  # fmt: skip
         assert parse_request({**body, name: value}, False, 256).params[0].grammar == grammar, name

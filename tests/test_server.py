@@ -463,7 +463,7 @@ def test_sigterm_mid_prefill_ends_every_stream(long_model_dir):
 
 def test_structured_outputs(server):
     """response_format (json_schema, json_object), vLLM's structured_outputs and guided_*:
-    the text matches; a bad schema or an EBNF grammar is a 400 and the server goes on."""
+    the text matches; a bad schema or grammar is a 400 and the server goes on."""
     import re
 
     client = server.client()
@@ -504,7 +504,16 @@ def test_structured_outputs(server):
     bad = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "bogus"}}}
     with pytest.raises(openai.BadRequestError, match="not valid"):
         client.chat.completions.create(**chat, response_format=bad)
-    with pytest.raises(openai.BadRequestError, match="not supported"):
+    for grammar in ('root ::= ("yes" | "no") "!"', 'start: ("yes" | "no") "!"'):  # GBNF, Lark
+        text = (
+            client.completions.create(
+                model=MODEL, prompt="x", max_tokens=8, extra_body={"guided_grammar": grammar}
+            )
+            .choices[0]
+            .text
+        )
+        assert text in ("yes!", "no!"), (grammar, text)
+    with pytest.raises(openai.BadRequestError, match="not valid"):
         client.completions.create(model=MODEL, prompt="x", extra_body={"guided_grammar": "a"})
     with pytest.raises(openai.BadRequestError, match="one structured output"):
         client.completions.create(
