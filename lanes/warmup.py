@@ -30,17 +30,21 @@ def prepare_device(engine: Engine) -> None:
         return
     start = time.perf_counter()
     captured = 0
-    graphs = engine.runner.graphs
-    if graphs is not None:
-        tokens = [1]  # decode
-        if engine.proposer is not None and engine.device_rounds is None:
-            tokens.append(1 + cfg.num_draft_tokens)  # a full verify
-        captured += graphs.prepare(tokens)
-    if engine.device_rounds is not None:
-        captured += engine.device_rounds.prepare()
-    if engine.ops.name == "triton":
-        compile_samplers(engine.model_config.vocab_size, cfg.device)
-    torch.cuda.synchronize(cfg.device)
+    try:  # serving does not depend on it: what is not made now is made at first use, as before
+        graphs = engine.runner.graphs
+        if graphs is not None:
+            tokens = [1]  # decode
+            if engine.proposer is not None and engine.device_rounds is None:
+                tokens.append(1 + cfg.num_draft_tokens)  # a full verify
+            captured += graphs.prepare(tokens)
+        if engine.device_rounds is not None:
+            captured += engine.device_rounds.prepare()
+        if engine.ops.name == "triton":
+            compile_samplers(engine.model_config.vocab_size, cfg.device)
+        torch.cuda.synchronize(cfg.device)
+    except Exception:
+        log.exception("capturing graphs at start failed; the rounds capture them at first use")
+        return
     log.info(
         "captured %d CUDA graphs and compiled the samplers in %.1f s",
         captured,
