@@ -52,6 +52,7 @@ def prompts(n: int) -> list[list[dict]]:
 
 
 def peak_rss_mib() -> float:
+    # not lanes.metrics.peak_memory_bytes: the llama.cpp child's Python has no lanes (or torch)
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from lanes.chain_graphs import LaneSlots
+from lanes.device_sampling import upload_params
 from lanes.graphs import LANE_BUCKETS, capture, static_batch
 from lanes.kernels.sampling import RowParams, sample_with
 
@@ -311,15 +312,7 @@ class DeviceRounds:
         b.live.copy_(staged[2 * size + size * t :].bool())
         b.f.copy_(torch.cat(feats))
         params = [lane.params for lane in lanes] + [None] * (size - len(lanes))
-        b.params.copy_(
-            RowParams.upload(
-                [p.temperature if p else 0.0 for p in params],
-                [p.top_k if p else 0 for p in params],
-                [p.top_p if p else 1.0 for p in params],
-                [(p.seed or 0) if p else 0 for p in params],
-                self.device,
-            )
-        )
+        b.params.copy_(upload_params(params, self.device))
         self.bucket, self.lanes = b, list(lanes)
         return True
 

@@ -25,6 +25,20 @@ def greedy_rows(logits: torch.Tensor, use_triton: bool) -> tuple[torch.Tensor, t
     return greedy_tokens(logits) if use_triton else ref_greedy_tokens(logits)
 
 
+def upload_params(params: Sequence[SamplingParams | None], device):
+    """The sampling kernel's RowParams of these lanes (None: a padding row, greedy), copied to
+    the device asynchronously."""
+    from lanes.kernels.sampling import RowParams
+
+    return RowParams.upload(
+        [p.temperature if p else 0.0 for p in params],
+        [p.top_k if p else 0 for p in params],
+        [p.top_p if p else 1.0 for p in params],
+        [(p.seed or 0) if p else 0 for p in params],
+        device,
+    )
+
+
 class ParamsOnDevice:
     """The device copy of the last rows' sampling parameters, kept by its owner (the engine):
     steady decode samples the same lanes round after round, so only their positions need to
@@ -35,17 +49,9 @@ class ParamsOnDevice:
         self.params = None
 
     def get(self, rows: Sequence[tuple[SamplingParams, int]], device: torch.device):
-        from lanes.kernels.sampling import RowParams
-
         key = (device, *((p.temperature, p.top_k, p.top_p, p.seed or 0) for p, _ in rows))
         if key != self.key:
-            self.params = RowParams.upload(
-                [p.temperature for p, _ in rows],
-                [p.top_k for p, _ in rows],
-                [p.top_p for p, _ in rows],
-                [p.seed or 0 for p, _ in rows],
-                device,
-            )
+            self.params = upload_params([p for p, _ in rows], device)
             self.key = key
         return self.params
 
