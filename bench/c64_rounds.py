@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--seeded-runs", type=int, default=1)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--prefill-share", type=float, default=EngineConfig.prefill_share)
     ap.add_argument("--out", default="bench/results/c64-rounds-h200.json")
     args = ap.parse_args()
     shape = LLAMA_31_8B
@@ -78,6 +79,7 @@ def main() -> None:
         max_lanes=64,
         max_tokens_per_round=8192,
         prefill_chunk=512,
+        prefill_share=args.prefill_share,
     )
     engine = build_engine(checkpoint=ckpt, config=config)
     greedy = SamplingParams(max_tokens=args.new, ignore_eos=True)
@@ -87,7 +89,7 @@ def main() -> None:
         greedy,
         cache_salt="warm",
     )
-    report = {"gpu": torch.cuda.get_device_name(), "runs": []}
+    report = {"gpu": torch.cuda.get_device_name(), "prefill_share": args.prefill_share, "runs": []}
     plan = [("greedy", greedy)] * args.runs + [("seeded", seeded)] * args.seeded_runs
     for i, (label, params) in enumerate(plan):
         prompts = [synthetic_prompt(shape.vocab_size, 512, 6000 + 64 * i + j) for j in range(64)]

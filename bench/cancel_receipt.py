@@ -31,16 +31,31 @@ def sha(ids: list[int]) -> str:
 def run(
     engine: Engine, prompt: list[int], params, salt: str = "", cancel_after: float | None = None
 ):
-    """Run to the end or cancel `cancel_after` seconds in; returns (completion, ttft seconds)."""
+    """Run to the end or cancel `cancel_after` seconds in; returns (completion, ttft seconds,
+    the cancel: when it fired, the tokens counted as computed then, and how long the engine
+    took from there to end the request)."""
     start = time.perf_counter()
     rid = engine.add_request(prompt, params, cache_salt=salt)
+    fired: dict = {}
+
+    def check(r: int) -> bool:
+        if r != rid or time.perf_counter() - start <= cancel_after:
+            return False
+        lane = next(x for x in engine.running + engine.waiting if x.request_id == rid)
+        fired.setdefault("at", time.perf_counter())
+        fired.setdefault("computed", lane.num_computed)
+        return True
+
     if cancel_after is not None:
-        engine.cancel_check = lambda r: r == rid and time.perf_counter() - start > cancel_after
+        engine.cancel_check = check
     try:
         while True:
             for c in engine.step():
                 if c.request_id == rid:
-                    return c, (c.token_times[0] - start if c.token_times else None)
+                    if fired:
+                        fired["ended_after_s"] = time.perf_counter() - fired.pop("at")
+                    ttft = c.token_times[0] - start if c.token_times else None
+                    return c, ttft, fired
     finally:
         engine.cancel_check = None
 
@@ -71,13 +86,23 @@ def main() -> None:
         prompt = engine.tokenizer.encode(text)[: args.prompt_tokens]
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
 
-    fresh, fresh_ttft = run(engine, prompt, params, salt="fresh")
+    fresh, fresh_ttft, _ = run(engine, prompt, params, salt="fresh")
     rows = []
     for attempt in (1, 2):
-        out, _ = run(engine, prompt, params, cancel_after=args.after)
+        out, _, fired = run(engine, prompt, params, cancel_after=args.after)
         kept = engine.cached_prefix_len(prompt)
-        rows.append({"cancellation": attempt, "finish": out.finish_reason, "kept_tokens": kept})
-    retry, retry_ttft = run(engine, prompt, params)
+        rows.append(
+            {
+                "cancellation": attempt,
+                "finish": out.finish_reason,
+                "kept_tokens": kept,
+                # counted as computed when the cancel fired (a chunk may still have been in
+                # flight: the engine waits for it and keeps it too), and the wait
+                "computed_at_cancel": fired.get("computed"),
+                "cancel_to_end_s": fired.get("ended_after_s"),
+            }
+        )
+    retry, retry_ttft, _ = run(engine, prompt, params)
     result = {
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, {args.device}",
         "model": engine.source,
@@ -97,7 +122,9 @@ def main() -> None:
     )
     for r in rows:
         print(
-            f"  after cancellation {r['cancellation']}: {r['kept_tokens']} tokens kept ({r['finish']})"
+            f"  after cancellation {r['cancellation']}: {r['kept_tokens']} tokens kept "
+            f"({r['finish']}; {r['computed_at_cancel']} computed when it fired, ended "
+            f"{r['cancel_to_end_s']:.3f} s later)"
         )
     print(
         f"  retry: cached_tokens {retry.cached_tokens}, TTFT {retry_ttft:.3f}s vs fresh {fresh_ttft:.3f}s"

@@ -92,9 +92,7 @@ def main() -> None:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     events = prof.events()
-    steps = sorted(
-        (e.time_range.start, e.time_range.end) for e in events if e.name == "lanes_step"
-    )
+    steps = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "lanes_step")
     kernels = sorted(
         (e.time_range.start, e.time_range.end)
         for e in events

@@ -36,10 +36,12 @@ from lanes.drafter import Proposer
 from lanes.grammar import GrammarCompiler, apply_mask
 from lanes.inflight import InFlight, launch_samples
 from lanes.lane import Lane, LaneState
+from lanes.launched_chunks import LaunchedChunks
 from lanes.metrics import EngineMetrics, RoundRecord
 from lanes.models import Checkpoint
 from lanes.penalties import process_logits
 from lanes.recurrent import RecurrentStates
+from lanes.round_clock import RoundClock
 from lanes.rounds import LaneRound, Step, plan_round
 from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
@@ -153,6 +155,10 @@ class Engine:
         self._overlap = cfg.overlap if cfg.overlap is not None else on_cuda
         self._cost_aware = cfg.cost_aware_drafts if cfg.cost_aware_drafts is not None else on_cuda
         self._inflight: InFlight | None = None
+        # prompt chunks launched but not yet seen complete: one stays queued behind the running
+        # one, and only completed ones count as computed (lanes/launched_chunks.py)
+        self._chunks = LaunchedChunks(torch.cuda.Event if on_cuda else None)
+        self.round_clock = RoundClock(on_cuda)  # rounds' device time, for the share allocator
         self._row_params = ParamsOnDevice()  # the sampled rows' parameters, kept on the device
         self._last_round_end = clock()
         self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
@@ -295,6 +301,7 @@ class Engine:
         defer = self._overlap and not plan.prefill
         drafter_before = self.metrics.drafter_seconds
         start = self.clock()
+        mark = self.round_clock.begin()
         plan, failed = self._fill_drafts_isolated(plan)
         ended += failed
         self.on_progress()
@@ -310,18 +317,16 @@ class Engine:
                 ended += self._isolated(self._run_forward, list(group))
             prefill = [s for s in group if id(s) not in decode_steps]
             ended += self._isolated(self._drafter_prefill, prefill)
-            if self.config.device.startswith("cuda") and prefill:
-                # Prefill chunks sample nothing, so nothing else makes the host wait for them:
-                # without this, the host queues a whole long prompt in milliseconds and a cancel
-                # arriving later saves no GPU time. Waiting costs only the host's planning time.
-                torch.cuda.synchronize(self.config.device)
+            self._chunks.settle(keep=1)  # the chunk before this one: a cancel waits for one
             num_forwards += 1
             num_decode += sum(s.num_tokens for s in group if id(s) in decode_steps)
             num_prefill += sum(s.num_tokens for s in prefill)
             ended += self._apply_cancellations()
             self.on_progress()
+        self._chunks.settle()
         seconds = self.clock() - start
         self._last_round_end = self.clock()
+        self.round_clock.end(mark, num_prefill, num_decode, seconds)
         if num_prefill == 0 and plan.decode and self._inflight is None:  # a whole decode round
             drafts = [s.num_drafted for s in plan.decode]
             drafter_seconds = self.metrics.drafter_seconds - drafter_before
@@ -330,8 +335,7 @@ class Engine:
             )
             if not sum(drafts):
                 self._forward_measured_at = self.metrics.num_rounds
-        self.share.record(num_prefill, num_decode, seconds)
-        self.metrics.achieved_prefill_share = self.share.achieved_share
+        self._feed_share()
         self.metrics.add(
             RoundRecord(
                 prefill_tokens=num_prefill,
@@ -385,6 +389,7 @@ class Engine:
         N alone). When N+1 cannot be launched that way, take N and run a planned round."""
         last, self._inflight = self._inflight, None
         steps: tuple[Step, ...] = ()
+        mark = self.round_clock.begin()
         try:
             steps = self._steps_on_top(last)
             if steps:
@@ -401,14 +406,18 @@ class Engine:
         self._last_round_end = self.clock()
         self.draft_costs.record(0, 0, seconds, 0.0)  # a plain round, as it runs overlapped
         self._forward_measured_at = self.metrics.num_rounds
-        self._record_unplanned_round(len(steps), seconds, overlapped=True)
+        self._record_unplanned_round(len(steps), seconds, overlapped=True, mark=mark)
         return ended
 
-    def _record_unplanned_round(self, tokens: int, seconds: float, overlapped: bool) -> None:
+    def _record_unplanned_round(
+        self, tokens: int, seconds: float, overlapped: bool, mark=None
+    ) -> None:
         """A decode round launched without a plan (on top of the last one, or a device round):
-        its time for the share allocator and the metrics; no host time is counted (planning
+        its time for the share allocator (device time from `mark`, RoundClock.begin, where
+        given; device rounds give wall time) and the metrics; no host time is counted (planning
         and taking ran while a forward did)."""
-        self.share.record(0, tokens, seconds)
+        self.round_clock.end(mark, 0, tokens, seconds)
+        self._feed_share()
         self.metrics.add(
             RoundRecord(
                 prefill_tokens=0,
@@ -420,6 +429,12 @@ class Engine:
                 overlapped=overlapped,
             )
         )
+
+    def _feed_share(self) -> None:
+        """Rounds whose device time is known now go to the share allocator."""
+        for prefill_tokens, decode_tokens, seconds in self.round_clock.measured():
+            self.share.record(prefill_tokens, decode_tokens, seconds)
+        self.metrics.achieved_prefill_share = self.share.achieved_share
 
     def _steps_on_top(self, last: InFlight) -> tuple[Step, ...]:
         """Each live lane of `last` decodes its pending token next, if nothing else needs a
@@ -706,6 +721,7 @@ class Engine:
         hidden = self.runner.last_hidden if self._observing else None
         sampled, steps = self._read_back(steps, logits)
         ended = []
+        chunk_ends = []  # mid-prompt chunks: computed once the forward completes
         row = hidden_row = 0
         now = None if sampled is None else self.clock()  # sampled: the read-back has synced
         for s in steps:
@@ -715,10 +731,10 @@ class Engine:
             row += s.num_logits
             try:
                 if not s.samples:
-                    s.lane.num_computed = s.end  # the forward has completed: this KV is valid
-                    if self.recurrent is not None:
-                        self.recurrent.after_prefill(s.lane)
-                    self._observe(s, rows_hidden)
+                    chunk_ends.append((s.lane, s.end))
+                    if self.recurrent is not None:  # copied now: the next chunk moves the state
+                        self.recurrent.after_prefill(s.lane, s.end)
+                    self._observe(s, rows_hidden, s.end)
                     continue
                 if sampled is not None and self._samples_on_device(s.lane.params):
                     tokens, logprobs = sampled[0][rows], sampled[1][rows]
@@ -734,6 +750,7 @@ class Engine:
                 continue
             if done is not None:
                 ended.append(done)
+        self._chunks.launched(chunk_ends)
         return ended
 
     def _read_back(
@@ -873,10 +890,12 @@ class Engine:
     def _observing(self) -> bool:
         return self.proposer is not None and self.proposer.uses_target_hidden
 
-    def _observe(self, s: Step, hidden: torch.Tensor | None) -> None:
-        """Hand an EAGLE-style drafter the target's features of the step's settled positions."""
-        if hidden is not None and self._drafting(s.lane) and s.lane.num_computed > s.start:
-            self.proposer.observe(s.lane, s.start, hidden[: s.lane.num_computed - s.start])
+    def _observe(self, s: Step, hidden: torch.Tensor | None, end: int | None = None) -> None:
+        """Hand an EAGLE-style drafter the target's features of the step's settled positions
+        (up to `end`; by default the lane's computed ones)."""
+        end = s.lane.num_computed if end is None else end
+        if hidden is not None and self._drafting(s.lane) and end > s.start:
+            self.proposer.observe(s.lane, s.start, hidden[: end - s.start])
 
     def _drafting(self, lane: Lane) -> bool:
         return self.proposer is not None and lane.params.draft and self.config.num_draft_tokens > 0
@@ -1049,6 +1068,7 @@ class Engine:
         lane.num_published = complete
 
     def _release(self, lane: Lane) -> None:
+        self._chunks.settle()  # at most the chunk in flight: what it computed is kept
         self._publish(lane)
         self.cache.release(lane.block_table.clear())
         if self.recurrent is not None:

@@ -6,9 +6,10 @@ only has to agree with `num_computed`:
 - admission: a lane resumes a cached prefix only as far as a snapshot reaches (the longest run
   of matched blocks whose last block has one); its slot is loaded from that snapshot;
 - after a prompt chunk whose end is block-aligned, the state there becomes a snapshot, keyed by
-  the prompt cache's key of the block ending there — taken when the chunk's forward has
-  returned, so cancel_prefill, which ends the lane between forwards, leaves the latest one (and
-  the blocks up to it, published by the engine) for an identical retry;
+  the prompt cache's key of the block ending there — copied right after the chunk's forward is
+  launched (in stream order, before the next chunk moves the state), so cancel_prefill, which
+  ends the lane between forwards, leaves the latest one (and the blocks up to it, published by
+  the engine once that forward has completed) for an identical retry;
 - after a verify step, the state is put back to the last accepted position;
 - release: the slot is freed.
 """
@@ -38,9 +39,10 @@ class RecurrentStates:
             self.pool.restore(lane.state_slot, conv, state, num_blocks * self.block_size)
             self.snapshots.num_restored += 1
 
-    def after_prefill(self, lane: Lane) -> None:
-        """The lane's state at a block-aligned num_computed inside its keyed blocks: a snapshot."""
-        n, bs = lane.num_computed, self.block_size
+    def after_prefill(self, lane: Lane, position: int | None = None) -> None:
+        """The lane's state at a block-aligned `position` (by default num_computed) inside its
+        keyed blocks: a snapshot."""
+        n, bs = lane.num_computed if position is None else position, self.block_size
         if n == 0 or n % bs or n // bs > len(lane.block_keys):
             return
         key = lane.block_keys[n // bs - 1]

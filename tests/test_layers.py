@@ -24,7 +24,8 @@ LAYERS = [
              "lanes.server_metrics", "lanes.tools"]),
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
-                "lanes.inflight", "lanes.draft_costs", "lanes.recurrent"]),
+                "lanes.inflight", "lanes.draft_costs", "lanes.recurrent",
+                "lanes.launched_chunks", "lanes.round_clock"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.device_rounds",
                 "lanes.parallel",
