@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lanes.rounds import lane_rows
+
 if TYPE_CHECKING:
     import torch
 
@@ -75,10 +77,11 @@ def run_chained(
     drafts less the `done` ones already made. False, with nothing run, where the graphs do not
     take these steps."""
     counts = [wanted[s.lane.lane.request_id] - done for s in steps]
-    if graphs is None or not steps or not graphs.supports(steps, counts):
+    rows = lane_rows(steps)
+    if graphs is None or not steps or not graphs.supports(rows, counts):
         return False
     keys = [s.lane.lane.request_id for s in steps]
-    chain.extend(graphs.run(steps, counts, previous), keys, counts)
+    chain.extend(graphs.run(rows, counts, previous), keys, counts)
     return True
 
 

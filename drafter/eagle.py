@@ -54,7 +54,7 @@ from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.kernels.sampling import sample_with
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
-from lanes.rounds import Step
+from lanes.rounds import Step, lane_rows
 from lanes.runner import build_runner
 from lanes.sampling import sample_row
 
@@ -148,6 +148,10 @@ class _Shadow:
         self.features: torch.Tensor | None = None  # [rows from num_computed, hidden]
         self.zero_blocks: set[int] = set()  # blocks with rows computed from zero features
         self.num_published = 0  # leading blocks offered to the drafter's cache
+
+    @property
+    def slot(self) -> int:  # the drafter's runner keeps its blocks in the lane's slot
+        return self.lane.slot
 
     @property
     def num_known(self) -> int:
@@ -275,7 +279,7 @@ class EagleDrafter(Proposer):
                 feats = shadow.features_until(end, self._zero)
                 todo.append(Step(shadow, shadow.num_computed, end, features=feats))
         if todo:
-            self.runner.execute(todo)
+            self.runner.execute(lane_rows(todo))
             for s in todo:
                 s.lane.advance(s.end)
                 self._publish(s.lane)
@@ -317,7 +321,8 @@ class EagleDrafter(Proposer):
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
-            logits = self._full_logits(self.runner.execute(steps, previous_tokens=previous))
+            rows = lane_rows(steps)
+            logits = self._full_logits(self.runner.execute(rows, previous_tokens=previous))
             hidden = self.runner.last_hidden
             token_ends = list(itertools.accumulate(s.num_tokens for s in steps))
             index = torch.tensor(token_ends, dtype=torch.int64) - 1

@@ -17,7 +17,7 @@ from lanes.device_sampling import DeviceChain, greedy_rows
 from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.lane import Lane
 from lanes.models import Checkpoint, build_decoder
-from lanes.rounds import Step
+from lanes.rounds import Step, lane_rows
 from lanes.runner import build_runner
 from lanes.sampling import sample_row
 from lanes.tokenizer import Tokenizer
@@ -66,6 +66,10 @@ class _Shadow:
         self.lane = lane
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
+
+    @property
+    def slot(self) -> int:  # the drafter's runner keeps its blocks in the lane's slot
+        return self.lane.slot
 
     @property
     def num_known(self) -> int:
@@ -130,7 +134,7 @@ class ModelDrafter(Proposer):
             if shadow.num_computed < s.end and self._reserve(shadow, s.end):
                 todo.append(Step(shadow, shadow.num_computed, s.end))
         if todo:
-            self.runner.execute(todo)
+            self.runner.execute(lane_rows(todo))
             for s in todo:
                 s.lane.num_computed = s.end
 
@@ -164,7 +168,7 @@ class ModelDrafter(Proposer):
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
-            logits = self.runner.execute(steps, previous_tokens=previous)
+            logits = self.runner.execute(lane_rows(steps), previous_tokens=previous)
             last_rows = list(itertools.accumulate(s.num_logits for s in steps))
             if on_device:
                 previous = chain.greedy(logits, last_rows, [s.lane.lane.request_id for s in steps])

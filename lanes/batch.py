@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from lanes.rounds import Step
+    from lanes.lane_rows import LaneRows
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,15 @@ def unpack_batch(d: dict, device: str) -> ForwardBatch:
 def fill_pending(
     input_ids: torch.Tensor,
     first_rows: Sequence[int],
-    steps: Sequence[Step],
+    lanes: Sequence[LaneRows],
     previous_tokens: torch.Tensor | None,
 ) -> None:
     """Overwrite, on the device, the input rows whose tokens the host does not have: the first
-    row of each step with a `pending_row` (that row of previous_tokens) and the drafts of each
-    step with `draft_rows` (those rows of its `draft_source`). The host never waits for a token
+    row of each lane with a `pending_row` (that row of previous_tokens) and the drafts of each
+    lane with `draft_rows` (those rows of its `draft_source`). The host never waits for a token
     the device already has."""
     sources: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}  # id -> (src, rows, from)
-    for row, s in zip(first_rows, steps, strict=True):
+    for row, s in zip(first_rows, lanes, strict=True):
         if s.pending_row is not None:
             if previous_tokens is None:
                 raise ValueError("steps with pending rows need the previous forward's tokens")

@@ -37,7 +37,7 @@ from lanes.graphs import (
     static_batch,
     valid_slots,
 )
-from lanes.rounds import Step
+from lanes.lane_rows import LaneRows
 
 MAX_CHAIN_SAMPLES = 16
 
@@ -89,7 +89,9 @@ class _Chain:
         self.samples: torch.Tensor | None = None  # [num_steps, lanes] static
         self.batches: list[ForwardBatch] = []  # one per forward, over the buffers above
 
-    def layout(self, steps: Sequence[Step], counts: Sequence[int], scratch: int) -> list[int]:
+    def layout(
+        self, steps: Sequence[LaneRows], counts: Sequence[int], scratch: int, tables
+    ) -> list[int]:
         """The host side of a refill, flat: `first` [3, lanes * T], `later` [2, S - 1, lanes],
         `first_ctx` [2, S, lanes], then the kv_slots entries to set (indices, then values).
         Padding lanes are lanes at positions 0..T-1 wanting one sample, all K/V in scratch."""
@@ -101,8 +103,8 @@ class _Chain:
         for i in range(self.lanes):
             if i < len(steps):
                 step, count = steps[i], counts[i]
-                table, start, last = step.lane.block_table, step.start, step.end - 1
-                ids += step.token_ids()
+                table, start, last = tables.row(step.slot), step.start, step.end - 1
+                ids += step.token_ids
                 own = table.slots(start, last + count)
                 w, v = self.slots.refill(i, table, last + count)
                 where += w
@@ -139,7 +141,7 @@ class ChainGraphs:
         self.lane_slots: dict[int, LaneSlots] = {}
         self.num_replays = 0
 
-    def supports(self, steps: Sequence[Step], counts: Sequence[int]) -> bool:
+    def supports(self, steps: Sequence[LaneRows], counts: Sequence[int]) -> bool:
         """Steps of one row count (<= MAX_TOKENS_PER_LANE) whose lanes each want 1..
         MAX_CHAIN_SAMPLES samples within the context."""
         g = self.graphs
@@ -156,7 +158,7 @@ class ChainGraphs:
 
     def run(
         self,
-        steps: Sequence[Step],
+        steps: Sequence[LaneRows],
         counts: Sequence[int],
         previous_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -168,13 +170,15 @@ class ChainGraphs:
         chain = self.chains.get(key)
         if chain is None:
             chain = self.chains[key] = self._capture(*key)
+        for r in steps:
+            self.graphs.tables.sync(r.slot, r.blocks)
         self._fill(chain, steps, counts, previous_tokens)
         chain.graph.replay()
         self.num_replays += 1
         return chain.samples[:, : len(steps)].clone()
 
     def _fill(self, chain: _Chain, steps, counts, previous_tokens) -> None:
-        values = chain.layout(steps, counts, self.graphs.scratch_slot)
+        values = chain.layout(steps, counts, self.graphs.scratch_slot, self.graphs.tables)
         staged = torch.tensor(values, dtype=torch.int64)
         staged = staged.to(chain.first.device, non_blocking=True)
         at = 0

@@ -42,7 +42,7 @@ from lanes.models import Checkpoint
 from lanes.penalties import process_logits
 from lanes.recurrent import RecurrentStates
 from lanes.round_clock import RoundClock
-from lanes.rounds import LaneRound, Step, plan_round
+from lanes.rounds import LaneRound, Step, lane_rows, plan_round
 from lanes.runner import ModelRunner
 from lanes.sampling import SamplingParams
 from lanes.share import ShareAllocator
@@ -143,6 +143,7 @@ class Engine:
             self.runner.decoder.feature_layers = self.proposer.target_feature_layers
         self.waiting: list[Lane] = []
         self.running: list[Lane] = []
+        self._free_slots = list(range(cfg.max_lanes - 1, -1, -1))  # rows of the block tables
         # Consulted between host-managed forwards: return True to cancel that request now.
         self.cancel_check: Callable[[int], bool] | None = None
         # Called once a round is planned and after each host-managed forward (a status snapshot
@@ -376,7 +377,7 @@ class Engine:
     def _launch_deferred(self, group: tuple[Step, ...]) -> list[Completion]:
         """Run the forward and sample it on the device; its tokens are taken next step."""
         try:
-            logits = self.runner.execute(group)
+            logits = self.runner.execute(lane_rows(group))
             self._inflight = self._launch(group, logits)
             return []
         except Exception:
@@ -393,7 +394,7 @@ class Engine:
         try:
             steps = self._steps_on_top(last)
             if steps:
-                logits = self.runner.execute(steps, previous_tokens=last.tokens)
+                logits = self.runner.execute(lane_rows(steps), previous_tokens=last.tokens)
                 self._inflight = self._launch(steps, logits)
         except Exception:  # the planned round reruns these lanes with its own boundaries
             log.exception("launching a round on top of the previous one failed")
@@ -717,7 +718,7 @@ class Engine:
             return dataclasses.replace(plan, decode=keep), failed
 
     def _run_forward(self, steps: Sequence[Step]) -> list[Completion]:
-        logits = self.runner.execute(steps)  # [sum of num_logits, vocab], in step order
+        logits = self.runner.execute(lane_rows(steps))  # [sum of num_logits, vocab], in order
         hidden = self.runner.last_hidden if self._observing else None
         sampled, steps = self._read_back(steps, logits)
         ended = []
@@ -990,6 +991,7 @@ class Engine:
                 self.metrics.cached_tokens += lane.num_computed
                 self.metrics.queried_tokens += len(lane.prompt_ids)
             lane.state = LaneState.FILL
+            lane.slot = self._free_slots.pop()
             self.running.append(self.waiting.pop(0))
         return failed
 
@@ -1071,6 +1073,8 @@ class Engine:
         self._chunks.settle()  # at most the chunk in flight: what it computed is kept
         self._publish(lane)
         self.cache.release(lane.block_table.clear())
+        self._free_slots.append(lane.slot)
+        lane.slot = -1
         if self.recurrent is not None:
             self.recurrent.release(lane)
         if self.proposer is not None:
@@ -1173,7 +1177,8 @@ class Engine:
             raise RequestError(
                 f"scoring needs {len(lanes)} recurrent-state slots, {states.num_free} are free"
             )
-        for lane in lanes:
+        for i, lane in enumerate(lanes):  # table rows past the running lanes' own
+            lane.slot = self.config.max_lanes + i
             lane.block_table.append(
                 self.cache.allocate(lane.block_table.blocks_needed(lane.num_known))
             )
@@ -1181,7 +1186,7 @@ class Engine:
                 lane.state_slot = states.allocate()
         try:
             steps = [Step(lane, 0, lane.num_known) for lane in lanes]
-            logits = self.runner.execute(steps, all_logits=True)
+            logits = self.runner.execute(lane_rows(steps), all_logits=True)
             hidden = self.runner.last_hidden.clone() if keep_features else None
         finally:
             for lane in lanes:

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 import torch
 
 from lanes.batch import ForwardBatch, fill_pending
+from lanes.block_tables import BlockTables
 from lanes.kernels.attention import AttentionMeta, block_q_for
+from lanes.lane_rows import LaneRows
 from lanes.models.decoder import Decoder
-from lanes.rounds import Step
 
 LANE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_TOKENS_PER_LANE = 16
@@ -82,7 +83,7 @@ def valid_slots(row: tuple[list[int], int] | None, blocks: list[int], block_size
     if row is None:
         return 0
     old, written = row
-    if blocks[: len(old)] == old:
+    if list(blocks[: len(old)]) == old:
         return written
     pairs = enumerate(zip(old, blocks, strict=False))
     same = next((j for j, (a, b) in pairs if a != b), min(len(old), len(blocks)))
@@ -131,9 +132,12 @@ class _Graph:
 class DecodeGraphs:
     max_tokens_per_lane = MAX_TOKENS_PER_LANE
 
-    def __init__(self, decoder: Decoder, kv, scratch_slot: int, max_ctx: int) -> None:
+    def __init__(
+        self, decoder: Decoder, kv, tables: BlockTables, scratch_slot: int, max_ctx: int
+    ) -> None:
         self.decoder = decoder
         self.kv = kv
+        self.tables = tables  # the runner's: each lane's blocks and slots, by slot
         self.scratch_slot = scratch_slot
         self.max_ctx = max_ctx
         self.group = decoder.cfg.num_heads // decoder.cfg.num_kv_heads
@@ -144,8 +148,8 @@ class DecodeGraphs:
         self.num_replays = 0
         self.last_hidden: torch.Tensor | None = None  # rows of the latest replay (a view)
 
-    def supports(self, steps: Sequence[Step]) -> bool:
-        """Decode/verify steps only (every row yields logits), one token count for all lanes."""
+    def supports(self, steps: Sequence[LaneRows]) -> bool:
+        """Decode/verify rows only (every row yields logits), one token count for all lanes."""
         if not steps or len(steps) > LANE_BUCKETS[-1]:
             return False
         tokens = steps[0].num_tokens
@@ -172,7 +176,7 @@ class DecodeGraphs:
         return captured
 
     def run(
-        self, steps: Sequence[Step], previous_tokens: torch.Tensor | None = None
+        self, steps: Sequence[LaneRows], previous_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
         tokens = steps[0].num_tokens
         lanes = next(b for b in LANE_BUCKETS if b >= len(steps))
@@ -186,7 +190,7 @@ class DecodeGraphs:
         self.last_hidden = g.hidden[: len(steps) * tokens]
         return g.logits[: len(steps) * tokens].clone()
 
-    def _fill(self, g: _Graph, steps: Sequence[Step]) -> None:
+    def _fill(self, g: _Graph, steps: Sequence[LaneRows]) -> None:
         """Refill the static inputs. kv_slots changes only where a lane's context grew (or its
         blocks changed) since this graph last ran it: a decode step writes one slot per lane,
         not its whole context (64 lanes x 2K context were 5.5 ms of Python per replay)."""
@@ -196,9 +200,9 @@ class DecodeGraphs:
         for i in range(g.lanes):
             if i < len(steps):
                 s = steps[i]
-                table = s.lane.block_table
-                valid = g.valid_slots(i, table.blocks, table.block_size)
-                ids += s.token_ids()
+                table = self.tables.row(s.slot)
+                valid = g.valid_slots(i, s.blocks, table.block_size)
+                ids += s.token_ids
                 pos += list(range(s.start, s.end))
                 slots += table.slots(s.start, s.end)
                 first.append(s.start)
@@ -206,8 +210,7 @@ class DecodeGraphs:
                 if valid < s.end:
                     where += range(i * c + valid, i * c + s.end)
                     what += table.slots(valid, s.end)
-                used = -(-s.end // table.block_size)
-                g.rows[i] = (table.blocks[:used], max(valid, s.end))
+                g.rows[i] = (list(s.blocks), max(valid, s.end))
             else:  # padding lane: positions 0..T-1, every K/V in the scratch slot
                 ids += [0] * t
                 pos += list(range(t))

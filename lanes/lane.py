@@ -34,6 +34,7 @@ class Lane:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the lane's blocks
     state_slot: int = -1  # hybrid models: its recurrent state's slot while it runs
+    slot: int = -1  # its row in the runner's block tables while it runs
     state: LaneState = LaneState.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     error: str | None = None  # finish_reason "error": what failed

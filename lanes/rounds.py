@@ -9,11 +9,12 @@ preemption and cancellation all only move `num_computed`; none is a separate pat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lanes.lane import Lane, LaneState
+from lanes.lane_rows import LaneRows
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +81,28 @@ class Step:
         if len(ids) != self.num_tokens:
             raise ValueError(f"step [{self.start}, {self.end}) has {len(ids)} tokens")
         return ids
+
+    def rows(self) -> LaneRows:
+        """This step as the runner takes it: the lane named by its slot, its blocks and token
+        ids as plain data (lanes/lane_rows.py)."""
+        lane = self.lane
+        return LaneRows(
+            slot=lane.slot,
+            start=self.start,
+            end=self.end,
+            token_ids=tuple(self.token_ids()),
+            blocks=tuple(lane.block_table.blocks),
+            num_logits=self.num_logits,
+            pending_row=self.pending_row,
+            draft_rows=self.draft_rows,
+            draft_source=self.draft_source,
+            features=self.features,
+            state_slot=getattr(lane, "state_slot", -1),  # drafters' shadows have none
+        )
+
+
+def lane_rows(steps: Sequence[Step]) -> list[LaneRows]:
+    return [s.rows() for s in steps]
 
 
 @dataclass(frozen=True)

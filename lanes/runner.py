@@ -1,4 +1,4 @@
-"""The model runner: turns a LaneRound into one flat ForwardBatch and runs the target on it."""
+"""The model runner: turns one forward's LaneRows into a flat ForwardBatch and runs the model."""
 
 from __future__ import annotations
 
@@ -7,70 +7,76 @@ from collections.abc import Sequence
 import torch
 
 from lanes.batch import ForwardBatch, SeqSlice, fill_pending
+from lanes.block_tables import BlockTables
 from lanes.cache.kv_pool import KVPool
+from lanes.lane_rows import LaneRows
 from lanes.models.decoder import Decoder
-from lanes.rounds import Step
 
 
 class ModelRunner:
-    def __init__(self, decoder: Decoder, kv: KVPool, device: str, graphs=None) -> None:
+    def __init__(
+        self, decoder: Decoder, kv: KVPool, device: str, tables: BlockTables, graphs=None
+    ) -> None:
         self.decoder = decoder
         self.kv = kv
         self.num_blocks = kv.num_blocks - 1  # blocks the engine hands out (see build_runner)
         self.device = device
+        self.tables = tables  # every lane's blocks by slot, on the host and the device
         self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
         self.comm = decoder.comm  # tensor parallel: rank 0 announces each forward to the others
-        # the latest forward's final-norm rows, step after step (num_tokens rows per step); a
-        # view the next forward overwrites: take copies of what must outlive it
+        # the latest forward's final-norm rows, lane after lane (num_tokens rows each); a view
+        # the next forward overwrites: take copies of what must outlive it
         self.last_hidden: torch.Tensor | None = None
 
     def build_batch(
         self,
-        steps: Sequence[Step],
+        rows: Sequence[LaneRows],
         all_logits: bool = False,
         previous_tokens: torch.Tensor | None = None,
     ) -> ForwardBatch:
-        """Every step's tokens, one after another; logits rows: each step's trailing
-        `num_logits` rows (or every row, with `all_logits`). A step with a `pending_row` takes
-        its first token from previous_tokens [rows of the previous forward], on the device."""
+        """Every lane's tokens, one after another; logits rows: each lane's trailing
+        `num_logits` rows (or every row, with `all_logits`). Rows with a `pending_row` take
+        their first token from previous_tokens [rows of the previous forward], on the device.
+        Context slots are gathered on the device from the block tables."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        seqs: list[SeqSlice] = []
         logits_rows: list[int] = []
-        for step in steps:
-            lane, n = step.lane, step.end - step.start
-            context_slots = lane.block_table.slots(0, step.end)
+        firsts: list[int] = []
+        for r in rows:
+            firsts.append(len(ids))
+            ids.extend(r.token_ids)
+            positions.extend(range(r.start, r.end))
+            slots.extend(self.tables.row(r.slot).slots(r.start, r.end))
+            wanted = r.num_tokens if all_logits else r.num_logits
+            logits_rows.extend(range(len(ids) - wanted, len(ids)))
+        context = self.tables.context_slots([(r.slot, r.end) for r in rows])
+        seqs, at = [], 0
+        for r, first in zip(rows, firsts, strict=True):
             seqs.append(
                 SeqSlice(
-                    query_start=len(ids),
-                    num_queries=n,
-                    context_len=step.end,
-                    kv_slots=_to_device(context_slots, self.device),
-                    state_slot=getattr(lane, "state_slot", -1),
-                    keep_states=step.num_logits > 1,
+                    query_start=first,
+                    num_queries=r.num_tokens,
+                    context_len=r.end,
+                    kv_slots=context[at : at + r.end],
+                    state_slot=r.state_slot,
+                    keep_states=r.keep_states,
                 )
             )
-            ids.extend(step.token_ids())
-            positions.extend(range(step.start, step.end))
-            slots.extend(context_slots[step.start :])
-            wanted = n if all_logits else step.num_logits
-            logits_rows.extend(range(len(ids) - wanted, len(ids)))
-
-        def t(values: list[int]) -> torch.Tensor:
-            return _to_device(values, self.device)
-
-        input_ids = t(ids)
-        fill_pending(input_ids, [seq.query_start for seq in seqs], steps, previous_tokens)
+            at += r.end
+        staged = _to_device(ids + positions + slots + logits_rows, self.device)
+        n = len(ids)
+        input_ids = staged[:n]
+        fill_pending(input_ids, firsts, rows, previous_tokens)
         features = None
-        if any(s.features is not None for s in steps):
-            features = torch.cat([s.features for s in steps]).to(self.device)
+        if any(r.features is not None for r in rows):
+            features = torch.cat([r.features for r in rows]).to(self.device)
         return ForwardBatch(
             input_ids=input_ids,
-            positions=t(positions),
-            slot_mapping=t(slots),
+            positions=staged[n : 2 * n],
+            slot_mapping=staged[2 * n : 3 * n],
             seqs=tuple(seqs),
-            logits_indices=t(logits_rows),
+            logits_indices=staged[3 * n :],
             features=features,
         )
 
@@ -83,20 +89,22 @@ class ModelRunner:
 
     def execute(
         self,
-        steps: Sequence[Step],
+        rows: Sequence[LaneRows],
         all_logits: bool = False,
         previous_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One forward over the steps; returns logits [num_logits_rows, vocab] in step order.
-        previous_tokens: the previous forward's samples on the device, which steps with a
+        """One forward over the lanes' rows; returns logits [num_logits_rows, vocab] in order.
+        previous_tokens: the previous forward's samples on the device, which rows with a
         `pending_row` read their first token from (the overlap of rounds)."""
-        if self.graphs is not None and not all_logits and self.graphs.supports(steps):
-            logits = self.graphs.run(steps, previous_tokens)
+        for r in rows:
+            self.tables.sync(r.slot, r.blocks)
+        if self.graphs is not None and not all_logits and self.graphs.supports(rows):
+            logits = self.graphs.run(rows, previous_tokens)
             self.last_hidden = self.graphs.last_hidden
             return logits
         if self.comm is not None and previous_tokens is not None:
             raise ValueError("tensor parallel ranks read input ids from the host: no pending rows")
-        batch = self.build_batch(steps, all_logits, previous_tokens)
+        batch = self.build_batch(rows, all_logits, previous_tokens)
         if self.comm is not None:
             from lanes.batch import pack_batch
 
@@ -134,6 +142,8 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
 
         conv, state = deltanet_state_shapes(mc)
         kv.states = StatePool(config.max_lanes, len(mc.linear_layers), conv, state, config.device)
+    max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
+    tables = BlockTables(bs, -(-max_ctx // bs), config.device, num_slots=config.max_lanes)
     graphs = None
     if (
         config.cuda_graphs
@@ -145,6 +155,5 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
     ):
         from lanes.graphs import DecodeGraphs
 
-        max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
-        graphs = DecodeGraphs(decoder, kv, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
-    return ModelRunner(decoder, kv, config.device, graphs)
+        graphs = DecodeGraphs(decoder, kv, tables, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
+    return ModelRunner(decoder, kv, config.device, tables, graphs)

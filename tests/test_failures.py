@@ -55,7 +55,15 @@ class Injector:
         elif stage == "draft":
             self._wrap(monkeypatch, engine.proposer, "propose", lambda lanes, *a: _poisoned(lanes))
         elif stage == "forward":
-            self._wrap(monkeypatch, engine.runner, "execute", lambda steps, **kw: _poisoned(steps))
+            # the runner names lanes by slot (lanes.lane_rows): poisoned if a poisoned lane's is
+            self._wrap(
+                monkeypatch,
+                engine.runner,
+                "execute",
+                lambda rows, **kw: _poisoned(
+                    [x for x in engine.running if x.slot in {r.slot for r in rows}]
+                ),
+            )
         elif stage == "sample":
             verify = lanes.engine.verify
 

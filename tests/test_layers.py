@@ -28,13 +28,14 @@ LAYERS = [
                 "lanes.launched_chunks", "lanes.round_clock"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.device_rounds",
-                "lanes.parallel",
+                "lanes.parallel", "lanes.block_tables",
                 "lanes.device_sampling"]),
     ("models", ["lanes.models"]),
     ("ops", ["lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention"]),
     ("kernels", ["lanes.kernels"]),
     # below all of them: memory, the round plan, requests, config (DESIGN.md)
-    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.sampling", "lanes.penalties",
+    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.lane_rows", "lanes.sampling",
+              "lanes.penalties",
               "lanes.grammar", "lanes.config",
               "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
               "lanes.packed", "lanes._source_tree"]),
@@ -85,6 +86,31 @@ def test_imports_go_down_only():
                 upward.append(f"{name} ({LAYERS[_layer(name)][0]}) imports {target} "
                               f"({LAYERS[_layer(target)][0]})")  # fmt: skip
     assert not upward, "\n".join(upward)
+
+
+# What the runner builds forwards from is plain data (lanes.lane_rows): it never reads the
+# scheduler's lanes or steps.
+RUNNER_SIDE = ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.batch",
+               "lanes.block_tables"]  # fmt: skip
+SCHEDULER_TYPES = {"lanes.lane", "lanes.rounds"}
+
+
+def _scheduler_imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    return {t for t in _imports(path, mods) if t.rsplit(".", 1)[0] in SCHEDULER_TYPES or t in
+            SCHEDULER_TYPES}  # fmt: skip
+
+
+def test_the_runner_takes_plain_data():
+    mods = _modules()
+    leaks = {m: _scheduler_imports(mods[m], mods) for m in RUNNER_SIDE}
+    assert not any(leaks.values()), leaks
+
+
+def test_negative_control_a_lane_import_on_the_runner_side_is_found(tmp_path):
+    mods = _modules()
+    leaky = tmp_path / "runner.py"
+    leaky.write_text(mods["lanes.runner"].read_text() + "\nfrom lanes.lane import Lane\n")
+    assert _scheduler_imports(leaky, mods) == {"lanes.lane"}
 
 
 def test_no_import_circles():

@@ -1,0 +1,47 @@
+"""LaneRows: one lane's rows in one forward, as the runner takes them — plain data.
+
+The scheduler (the engine, or a drafter for its own model) plans with `rounds.Step`, which
+carries the lane it belongs to; at the runner's door each step becomes LaneRows, which name the
+lane only by its slot (its row in the runner's BlockTables) and say what the forward needs:
+positions, the ids of its tokens, the blocks its context lives in, and where on the device the
+tokens the host does not have yet come from. The runner never reads a Lane.
+
+    Step(lane, start=41, end=45, draft_ids=(d1, d2, d3), num_logits=4)
+    -> LaneRows(slot=3, start=41, end=45, token_ids=(t41, d1, d2, d3), blocks=(7, 2, 9), ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class LaneRows:
+    slot: int  # the lane's row in the runner's block tables
+    start: int  # positions [start, end)
+    end: int
+    token_ids: tuple[int, ...]  # ids at [start, end); 0 where the device fills one in
+    blocks: tuple[int, ...]  # the lane's KV blocks in order: [0, end) and any reserved past it
+    num_logits: int = 0  # trailing rows that yield next-token logits
+    # the first token is row `pending_row` of the previous forward's samples (overlap)
+    pending_row: int | None = None
+    # the last len(draft_rows) tokens are those rows of `draft_source` (drafts on the device)
+    draft_rows: tuple[int, ...] = ()
+    draft_source: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # [num_tokens, hidden]: target features the rows read (EAGLE-style drafters only)
+    features: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    state_slot: int = -1  # hybrid models: the lane's recurrent-state slot
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def keep_states(self) -> bool:
+        """Hybrids keep the state after every row of a verify step (trailing rows may be
+        rejected)."""
+        return self.num_logits > 1
