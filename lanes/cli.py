@@ -97,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         num_draft_tokens=num_drafts,
         prefill_share=args.prefill_share,
         max_lanes=args.max_lanes,
+        max_tokens_per_round=args.max_tokens_per_round or EngineConfig.max_tokens_per_round,
         prompt_cache_bytes=args.prompt_cache_bytes,
         state_snapshot_bytes=args.state_snapshot_bytes,
         kv_cache_bytes=kv_bytes or 512 * 2**20,
@@ -435,6 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--prefill-share", type=float, default=0.5)
     serve.add_argument("--max-lanes", "--max-num-seqs", type=int, default=16)
+    serve.add_argument(
+        "--max-tokens-per-round",
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens (decode rows and prompt chunks) one round may carry (default 2048)",
+    )
     serve.add_argument("--prompt-cache-bytes", type=parse_bytes, default=256 * 2**20)
     serve.add_argument(
         "--state-snapshot-bytes",

@@ -53,8 +53,10 @@ def test_vllm_spellings_parse():
     )
     assert (args.model_arg, args.tensor_parallel, args.max_lanes) == ("some/model", 2, 8)
     assert args.kv_cache_bytes == 2**30
-    again = lanes.cli.build_parser().parse_args(["serve", "--tensor-parallel-size", "4"])
-    assert again.tensor_parallel == 4
+    again = lanes.cli.build_parser().parse_args(
+        ["serve", "--tensor-parallel-size", "4", "--max-num-batched-tokens", "8192"]
+    )
+    assert (again.tensor_parallel, again.max_tokens_per_round) == (4, 8192)
 
 
 def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):
@@ -66,9 +68,11 @@ def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):
     template.write_text("{% for m in messages %}{{ m['content'] }}\\n{% endfor %}")
     argv = ["serve", str(llama_dir), "--chat-template", str(template), "--seed", "3",
             "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
-            "--max-model-len", "128", "--gpu-memory-utilization", "0.5", "--device", "cpu"]  # fmt: skip
+            "--max-model-len", "128", "--gpu-memory-utilization", "0.5", "--device", "cpu",
+            "--max-tokens-per-round", "512"]  # fmt: skip
     assert lanes.cli.main(argv) == 0
     engine = served["engine"]
+    assert engine.config.max_tokens_per_round == 512
     assert engine.tokenizer.chat_template == template.read_text()
     assert (engine.config.drafter, engine.config.num_draft_tokens) == ("ngram", 2)
     assert engine.context_len == 128
@@ -80,6 +84,10 @@ def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):
         (["serve", "a", "--model", "b"], "two models"),
         (["serve", "--drafter", "ngram", "--speculative-config", '{"method": "ngram"}'], "both"),
         (["serve", "--speculative-config", '{"method": "medusa"}'], "speculative-config"),
+        (
+            ["serve", "--max-num-seqs", "32", "--max-num-batched-tokens", "16"],
+            "max_tokens_per_round",
+        ),
     ],
 )
 def test_bad_serve_flags_are_one_line_errors(argv, words, capsys):
