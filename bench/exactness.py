@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.shapes import SHAPES, random_checkpoint
+from bench.shapes import SHAPES, random_checkpoint, random_packed_checkpoint
 from lanes import Engine, EngineConfig, SamplingParams, build_engine
 from lanes.drafter.replay import ReplayProposer
 
@@ -87,10 +87,13 @@ def main() -> None:
     ap.add_argument("--modes", default="exact,fast")
     ap.add_argument("--kv-gib", type=float, default=40.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--bits", type=int, default=0, help="MLX affine codes of this width (0: float)")
     args = ap.parse_args()
 
     config = SHAPES[args.shape]
     ckpt = random_checkpoint(config, args.device)
+    if args.bits:
+        ckpt = random_packed_checkpoint(config, args.device, args.bits)
     rng = random.Random(0)
     lengths = sorted(
         {

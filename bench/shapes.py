@@ -3,6 +3,7 @@ for GPU benchmarks and the exactness harness, where real weights cannot be carri
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import torch
@@ -12,6 +13,7 @@ from tokenizers import models, pre_tokenizers
 from lanes.config import ModelConfig, RopeScaling
 from lanes.models.checkpoint import Checkpoint
 from lanes.models.weights import expected_shapes
+from lanes.packed import PackedWeight
 from lanes.tokenizer import Tokenizer
 
 LLAMA_31_8B = ModelConfig(
@@ -126,4 +128,41 @@ def random_checkpoint(
         tokenizer=tokenizer or id_tokenizer(config.vocab_size),
         source=f"random {device}",
         fingerprint=f"random-{seed}-{config.hidden_size}x{config.num_layers}",
+    )
+
+
+def random_packed_checkpoint(
+    config: ModelConfig,
+    device: str,
+    bits: int = 4,
+    group: int = 64,
+    seed: int = 0,
+    tokenizer: Tokenizer | None = None,
+) -> Checkpoint:
+    """random_checkpoint with every projection and the LM head held as MLX affine codes (as an
+    mlx-community checkpoint holds them; the embedding and norms stay float): random codes, and
+    per-group scales and biases that keep the weights within about ±0.03."""
+    base = random_checkpoint(config, device, seed, tokenizer)
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
+    levels = 2**bits - 1
+
+    def packed(name: str) -> PackedWeight | None:
+        shape = base.shapes[name]
+        if not (name.endswith("proj.weight") or name == "lm_head.weight") or shape[1] % group:
+            return None
+        out, inputs = shape
+        gen = torch.Generator(device=device).manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
+        codes = torch.randint(
+            -(2**31), 2**31 - 1, (out, inputs * bits // 32), generator=gen, device=device,
+            dtype=torch.int32,
+        )  # fmt: skip
+        span = 0.04 + 0.02 * torch.rand((out, inputs // group), generator=gen, device=device)
+        scales = (span / levels).to(dtype)
+        return PackedWeight(codes, scales, (-span / 2).to(dtype), bits, group)
+
+    return dataclasses.replace(
+        base,
+        packed=packed,
+        source=f"random {bits}-bit {device}",
+        fingerprint=f"{base.fingerprint}-q{bits}g{group}",
     )

@@ -12,7 +12,6 @@ from lanes.kernels.matmul import matmul
 from lanes.kernels.rmsnorm import add_rms_norm
 from lanes.kernels.rope import rope, rope_kv_write
 from lanes.ops import Ops
-from lanes.packed import PackedWeight
 
 
 class TritonOps(Ops):
@@ -24,12 +23,14 @@ class TritonOps(Ops):
             return batch
         return dataclasses.replace(batch, attn_meta={})  # filled per GQA group on first use
 
-    def _linear(self, x, weight, bias=None):
+    def linear(self, x, weight, bias=None):
+        """A PackedWeight goes to the kernel whole (not in float tiles, as Ops.linear does):
+        its codes are dequantized in registers, so a decode step reads the codes only."""
         return matmul(x.contiguous(), weight, bias)
 
+    _linear = linear  # float weights: the same kernel
+
     def glu_linear(self, gate_up, weight):
-        if isinstance(weight, PackedWeight):
-            return super().glu_linear(gate_up, weight)
         return matmul(silu_mul(gate_up.contiguous()), weight)
 
     def attention_inputs(self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps):
