@@ -105,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
         device_rounds=args.device_rounds,
         max_model_len=args.max_model_len,
     )
-    name = args.served_model_name or (model or "SmolLM2-135M-Instruct")
+    names = args.served_model_name or [model or "SmolLM2-135M-Instruct"]
     template = args.chat_template
     if template is not None and Path(template).is_file():
         template = Path(template).read_text()
@@ -118,10 +118,11 @@ def _serve(args: argparse.Namespace) -> int:
     options = dict(
         host=args.host,
         port=args.port,
-        name=name,
+        names=names,
         api_key=args.api_key or api_key_from_env(),
         allow_special_tokens=args.allow_special_tokens,
         access_log=not args.disable_uvicorn_access_log,
+        log_requests=not args.disable_log_requests,
         allowed_origins=args.allowed_origins,
     )
     if args.tensor_parallel > 1:
@@ -197,10 +198,11 @@ def serve_engine(
     engine,
     host: str,
     port: int,
-    name: str,
+    names: list[str],
     api_key: str | None,
     allow_special_tokens: bool = False,
     access_log: bool = True,
+    log_requests: bool = True,
     allowed_origins: tuple[str, ...] = ("*",),
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
@@ -213,15 +215,16 @@ def serve_engine(
     config = engine.config
     app = build_app(
         engine,
-        name,
+        names,
         api_key=api_key,
         allow_special_tokens=allow_special_tokens,
         allowed_origins=allowed_origins,
+        log_requests=log_requests,
     )
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(
         "serving %s (%s) | drafter %s | %s on %s | %s mode | tensor parallel %d | KV %d tokens (%d blocks) | http://%s:%d/v1",
-        name,
+        ", ".join(names),
         engine.source,
         config.drafter,
         config.torch_dtype_name,
@@ -429,7 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help="as --model")
     serve.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")
-    serve.add_argument("--served-model-name", default=None, help="the model id clients send")
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model id(s) clients send; the first labels metrics (default: --model)",
+    )
     serve.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
     serve.add_argument("--num-draft-tokens", type=int, default=4)
     serve.add_argument("--host", default="127.0.0.1")
@@ -469,7 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
     serve.add_argument(
-        "--disable-uvicorn-access-log", action="store_true", help="no log line per request"
+        "--disable-uvicorn-access-log", action="store_true", help="no HTTP access log line"
+    )
+    serve.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no line per finished request (outcome, tokens, TTFT, duration)",
     )
     serve.add_argument(
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one"

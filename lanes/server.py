@@ -9,7 +9,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from prometheus_client import generate_latest
 from starlette.applications import Starlette
@@ -58,14 +58,23 @@ def error_response(e: ApiError) -> JSONResponse:
 
 def build_app(
     engine: Engine,
-    model_name: str,
+    model_name: str | Sequence[str],
     api_key: str | None = None,
     *,
     allow_special_tokens: bool = False,
     body_timeout: float = BODY_TIMEOUT_S,
     allowed_origins: tuple[str, ...] = ("*",),
+    log_requests: bool = True,
 ) -> Starlette:
-    """The app. allowed_origins: the browser origins CORS lets in (vLLM's default: any)."""
+    """The app. model_name: the id clients send, or several (vLLM's --served-model-name a b):
+    any is accepted and echoed back, the first labels the metrics. allowed_origins: the browser
+    origins CORS lets in (vLLM's default: any). log_requests: a log line per request as it ends
+    (id, outcome, tokens, TTFT, duration)."""
+    names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"model names must be non-empty strings, got {model_name!r}")
+    model_name = names[0]
+    served = ", ".join(repr(n) for n in names)
     runner = AsyncEngine(engine)
     metrics = ServerMetrics(model_name)
     control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
@@ -133,10 +142,10 @@ def build_app(
         try:
             check_key(request)
             body = await read_json(request)
-            if body.get("model") not in (model_name, None):
+            wanted = body.get("model")
+            if wanted is not None and wanted not in names:
                 raise ApiError(
-                    f"model {str(body.get('model'))[:100]!r} is not served here; this server "
-                    f"has {model_name!r}",
+                    f"model {str(wanted)[:100]!r} is not served here; this server has {served}",
                     "model",
                     404,
                     "not_found_error",
@@ -155,7 +164,14 @@ def build_app(
             message = "internal error while taking the request; the server log has the details"
             return error_response(ApiError(message, status=500, kind="server_error"))
         ctx = _Context(
-            chat, parsed, handles, model_name, engine.tokenizer, metrics, engine.fingerprint
+            chat,
+            parsed,
+            handles,
+            model_name if wanted is None else wanted,  # echoed, as vLLM does
+            engine.tokenizer,
+            metrics,
+            engine.fingerprint,
+            log_requests,
         )
         if parsed.stream:
             return StreamingResponse(ctx.sse(), media_type="text/event-stream")
@@ -167,23 +183,23 @@ def build_app(
         except ApiError as e:
             return error_response(e)
         return JSONResponse(
-            {"object": "list", "data": [model_card(model_name, engine.context_len)]}
+            {"object": "list", "data": [model_card(n, engine.context_len) for n in names]}
         )
 
     async def model_by_id(request: Request) -> Response:
         try:
             check_key(request)
             wanted = request.path_params["model_id"]
-            if wanted != model_name:
+            if wanted not in names:
                 raise ApiError(
-                    f"model {wanted[:100]!r} is not served here; this server has {model_name!r}",
+                    f"model {wanted[:100]!r} is not served here; this server has {served}",
                     "model",
                     404,
                     "not_found_error",
                 )
         except ApiError as e:
             return error_response(e)
-        return JSONResponse(model_card(model_name, engine.context_len))
+        return JSONResponse(model_card(wanted, engine.context_len))
 
     async def json_utility(request: Request, answer) -> Response:
         """A utility endpoint: the key checked, the JSON body read, answer(body) off the loop."""
@@ -294,10 +310,22 @@ class _Context:
     """One HTTP request's choices: streamed as SSE chunks, or gathered into one response."""
 
     def __init__(
-        self, chat, parsed: ParsedRequest, handles, model_name, tokenizer, metrics, fingerprint
+        self,
+        chat,
+        parsed: ParsedRequest,
+        handles,
+        model_name,
+        tokenizer,
+        metrics,
+        fingerprint,
+        log_requests: bool = False,
     ):
         self.chat, self.parsed, self.handles = chat, parsed, handles
         self.model, self.tokenizer, self.metrics = model_name, tokenizer, metrics
+        self.log_requests = log_requests
+        self.started = time.perf_counter()
+        # each choice's end: its Completion, "error", or "abort" (the client left, or shutdown)
+        self._outcomes: dict[int, object] = {}
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -314,8 +342,37 @@ class _Context:
         self._counted.add(i)
         if isinstance(event, Finished):
             self.metrics.observe(self.handles[i].prompt_len, event.completion)
+            self._outcomes[i] = event.completion
         else:
-            self.metrics.requests.labels("error" if isinstance(event, Failed) else "abort").inc()
+            self._outcomes[i] = "error" if isinstance(event, Failed) else "abort"
+            self.metrics.requests.labels(self._outcomes[i]).inc()
+        if len(self._counted) == len(self.handles) and self.log_requests:
+            self._log_request()
+
+    def _log_request(self) -> None:
+        """One line per request once every choice has ended."""
+        ended = [self._outcomes[i] for i in range(len(self.handles))]
+        done = [c for c in ended if not isinstance(c, str)]
+        outcome = "error" if "error" in ended else "aborted" if "abort" in ended else "ok"
+        per_prompt = len(self.parsed.params)
+        prompt = sum(h.prompt_len for h in self.handles[::per_prompt])
+        cached = sum(c.cached_tokens for i, c in enumerate(ended) if i % per_prompt == 0
+                     and not isinstance(c, str))  # fmt: skip
+        ttfts = [c.ttft for c in done if c.ttft is not None]
+        log.info(
+            "request %s: %s | %d choice%s | prompt %d tokens (%d cached) | completion %d tokens "
+            "| TTFT %s | %.3f s | finish %s",
+            self.id,
+            outcome,
+            len(ended),
+            "" if len(ended) == 1 else "s",
+            prompt,
+            cached,
+            sum(len(c.token_ids) for c in done),
+            f"{min(ttfts):.3f} s" if ttfts else "-",
+            time.perf_counter() - self.started,
+            ",".join(sorted({finish_reason(c) for c in done})) or "-",
+        )
 
     async def _events(self) -> AsyncIterator[tuple[int, object]]:
         """(choice index, event) from every choice, as they come; ends when all are finished."""

@@ -24,7 +24,8 @@ class LiveServer:
 
     def __init__(self, engine: Engine, api_key: str | None = None, **options) -> None:
         self.engine = engine
-        self.app = build_app(engine, MODEL, api_key=api_key, **options)
+        names = options.pop("names", MODEL)
+        self.app = build_app(engine, names, api_key=api_key, **options)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]

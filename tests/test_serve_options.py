@@ -57,6 +57,10 @@ def test_vllm_spellings_parse():
         ["serve", "--tensor-parallel-size", "4", "--max-num-batched-tokens", "8192"]
     )
     assert (again.tensor_parallel, again.max_tokens_per_round) == (4, 8192)
+    names = lanes.cli.build_parser().parse_args(
+        ["serve", "--served-model-name", "a", "b", "--disable-log-requests"]
+    )
+    assert (names.served_model_name, names.disable_log_requests) == (["a", "b"], True)
 
 
 def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):

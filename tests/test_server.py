@@ -128,6 +128,34 @@ def test_request_ids_and_cors_headers(server):
         )
 
 
+def test_several_served_names_and_a_log_line_per_request(long_model_dir, caplog):
+    """vLLM's --served-model-name a b: either name is served and echoed; each request that
+    ends leaves one log line with its outcome, tokens and times (none with log_requests off)."""
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16))
+    caplog.set_level("INFO", logger="lanes")
+    with LiveServer(engine, names=["tiny", "alias"]) as live:
+        client = live.client()
+        assert [m.id for m in client.models.list().data] == ["tiny", "alias"]
+        assert client.models.retrieve("alias").id == "alias"
+        out = client.completions.create(model="alias", prompt="hello", max_tokens=5)
+        assert out.model == "alias"
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+        )
+        assert all(chunk.model == "tiny" for chunk in stream)
+        with pytest.raises(openai.NotFoundError, match="'tiny', 'alias'"):
+            client.completions.create(model="other", prompt="x")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+    assert len(lines) == 2
+    assert lines[0].startswith(f"request {out.id}: ok | 1 choice | prompt ")
+    assert f"completion {out.usage.completion_tokens} tokens" in lines[0]
+    assert "TTFT " in lines[0] and "finish length" in lines[0]
+    caplog.clear()
+    with LiveServer(engine, log_requests=False) as live:
+        live.client().completions.create(model=MODEL, prompt="hello", max_tokens=3)
+    assert not [r for r in caplog.records if r.getMessage().startswith("request ")]
+
+
 def test_completions_and_chat_streaming_and_not(server):
     client = server.client()
     kw = dict(model=MODEL, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
