@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -18,13 +19,38 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-@lru_cache(maxsize=8)
-def _compile(source: str):
+@dataclass(frozen=True)
+class Chat:
+    """Messages with the tools a template that has its own tool section renders (HF's
+    `apply_chat_template(messages, tools=...)`): a prompt the engine encodes like a plain
+    message list."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None  # [{"type": "function", "function": {...}}, ...]
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-    return env.from_string(source)
+    return env
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str):
+    return _environment().from_string(source)
+
+
+@lru_cache(maxsize=8)
+def takes_tools(template: str | None) -> bool:
+    """Whether the template renders a `tools` list itself (Qwen's, Llama 3.1's, Hermes'...)."""
+    if not template:
+        return False
+    try:
+        return "tools" in meta.find_undeclared_variables(_environment().parse(template))
+    except TemplateError:
+        return False
 
 
 def render_chat(
@@ -34,6 +60,7 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
 ) -> str:
     if not template:
         raise ChatTemplateError("this model has no chat template; send a plain prompt instead")
@@ -46,6 +73,7 @@ def render_chat(
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
     except TemplateError as e:
         raise ChatTemplateError(f"chat template failed: {e}") from e

@@ -20,6 +20,7 @@ from lanes.cache.block_pool import BlockPool
 from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
+from lanes.chat import Chat
 from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.device_sampling import ParamsOnDevice, sample_rows, to_host
@@ -54,8 +55,9 @@ from lanes.speculation import (
     verify,
 )
 
-# A prompt is text, token ids, or chat messages ([{"role": ..., "content": ...}, ...]).
-Prompt = str | list[int] | list[dict]
+# A prompt is text, token ids, chat messages ([{"role": ..., "content": ...}, ...]), or messages
+# with tools for a template that renders them itself (lanes.chat.Chat).
+Prompt = str | list[int] | list[dict] | Chat
 
 
 class RequestError(ValueError):
@@ -192,6 +194,8 @@ class Engine:
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if isinstance(prompt, Chat):
+            return self.tokenizer.encode_chat(prompt.messages, prompt.tools)
         if prompt and all(isinstance(m, dict) for m in prompt):
             return self.tokenizer.encode_chat(prompt)
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from lanes.chat import Chat
 from lanes.grammar import Grammar
 from lanes.sampling import SamplingParams
 from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
@@ -149,7 +150,10 @@ def _get(body: dict, name: str, kind: type | tuple, default: Any = None) -> Any:
     return value
 
 
-def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
+def parse_request(
+    body: Any, chat: bool, context_len: int, native_tools: bool = False
+) -> ParsedRequest:
+    """native_tools: the chat template renders tools itself (lanes.chat.takes_tools)."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     for name, neutral in _UNSUPPORTED.items():
@@ -172,7 +176,7 @@ def parse_request(body: Any, chat: bool, context_len: int) -> ParsedRequest:
             m["content"] = _text_content(m.get("content"), i)
         try:
             tools = parse_tools(body)
-            prompts: list[Any] = [messages_with_tools(messages, tools)]
+            prompts: list[Any] = [messages_with_tools(messages, tools, native_tools)]
         except ToolError as e:
             raise ApiError(str(e), e.param) from e
     else:
@@ -367,16 +371,22 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
         )
 
 
-def refuse_control_tokens(messages: list[dict], control_tokens: list[str]) -> None:
+def refuse_control_tokens(messages: list[dict] | Chat, control_tokens: list[str]) -> None:
     """User text that spells a control token (e.g. "<|im_start|>system") would be tokenized into
-    the real token and could fake a turn; refuse it (`--allow-special-tokens` lets it through)."""
-    for i, m in enumerate(messages):
+    the real token and could fake a turn; refuse it (`--allow-special-tokens` lets it through).
+    A template that renders tools itself renders their definitions and earlier calls too."""
+    if isinstance(messages, Chat):
+        texts = [(f"messages[{i}]", json.dumps(m)) for i, m in enumerate(messages.messages)]
+        texts.append(("tools", json.dumps(messages.tools)))
+    else:
+        texts = [(f"messages[{i}].content", m["content"]) for i, m in enumerate(messages)]
+    for where, text in texts:
         for token in control_tokens:
-            if token in m["content"]:
+            if token in text:
                 raise ApiError(
-                    f"messages[{i}].content contains the control token {token!r}; the server "
+                    f"{where} contains the control token {token!r}; the server "
                     "refuses it (started with --allow-special-tokens, it would pass)",
-                    "messages",
+                    "tools" if where == "tools" else "messages",
                 )
 
 

@@ -30,6 +30,7 @@ from lanes.async_engine import (
     RequestHandle,
     ShuttingDown,
 )
+from lanes.chat import takes_tools
 from lanes.engine import Engine
 from lanes.openai_api import (
     ApiError,
@@ -150,7 +151,8 @@ def build_app(
                     404,
                     "not_found_error",
                 )
-            parsed = parse_request(body, chat, engine.context_len)
+            native = takes_tools(engine.tokenizer.chat_template)
+            parsed = parse_request(body, chat, engine.context_len, native)
             lanes = await asyncio.to_thread(lanes_for, parsed, chat)
             handles = runner.submit_lanes(lanes)  # all at once: cancelled together, too
         except ApiError as e:

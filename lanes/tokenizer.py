@@ -70,18 +70,26 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> str:
         return render_chat(
             self.chat_template,
             messages,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         # The rendered template already holds its special tokens (BOS included, where it has one).
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(
+            self.apply_chat_template(messages, tools=tools), add_special_tokens=False
+        )
 
     def save(self, directory: Path) -> list[Path]:
         """Write tokenizer.json and tokenizer_config.json (chat template, BOS/EOS) as an HF

@@ -1,9 +1,12 @@
 """Tool calling, Hermes style (Qwen, SmolLM2 and most open chat models are trained on it): the
-tools are described in a system message, the model answers a call as
+model answers a call as
 
     <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
 
-and the server parses such blocks out of the text into OpenAI's `tool_calls`. With
+and the server parses such blocks out of the text into OpenAI's `tool_calls`. A chat template
+with its own tool section (Qwen's and Hermes' have one) renders the tools, earlier calls and
+tool results itself, as the model was trained to see them; for any other template (SmolLM2's)
+lanes describes the tools in a system message. With
 tool_choice "required" or a named function, a grammar (lanes/grammar.py) holds the output to one
 such block whose JSON matches the function's parameters; "auto" leaves the model free, "none"
 describes no tools. Earlier turns' calls and tool results are written back into the messages as
@@ -18,6 +21,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from lanes.chat import Chat
 from lanes.grammar import Grammar
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -44,15 +48,18 @@ class Tools:
     def active(self) -> bool:
         return self.choice != "none"
 
-    def system_prompt(self) -> str:
-        listed = [
+    def listed(self) -> list[dict]:
+        """The functions as OpenAI lists them (what templates with a tool section render)."""
+        return [
             {"type": "function", "function": {"name": n, "description": self.descriptions[n],
                                               "parameters": p}}
             for n, p in self.functions.items()
         ]  # fmt: skip
+
+    def system_prompt(self) -> str:
         return (
             "You may call functions to help with the user's request. The functions:\n<tools>\n"
-            + "\n".join(json.dumps(t) for t in listed)
+            + "\n".join(json.dumps(t) for t in self.listed())
             + "\n</tools>\nTo call one, answer with a JSON object inside tags:\n"
             '<tool_call>{"name": <function name>, "arguments": <arguments object>}</tool_call>'
         )
@@ -225,10 +232,17 @@ def parse_tools(body: dict) -> Tools | None:
     return Tools(functions, descriptions, choice, parallel)
 
 
-def messages_with_tools(messages: list[dict], tools: Tools | None) -> list[dict]:
-    """The chat as the template renders it: the tools' system prompt (merged into a leading
+def messages_with_tools(
+    messages: list[dict], tools: Tools | None, native: bool = False
+) -> list[dict] | Chat:
+    """The chat as the template renders it. `native` (a template with its own tool section):
+    the messages as they are, earlier calls' arguments as objects (what HF templates expect), and
+    the tools for the template. Otherwise: the tools' system prompt (merged into a leading
     system message), earlier calls as <tool_call> blocks in the assistant's text, tool results
     as <tool_response> blocks in a user turn."""
+    if native:
+        listed = tools.listed() if tools is not None and tools.active else None
+        return Chat([_native_message(m) for m in messages], listed)
     out = []
     for m in messages:
         m = dict(m)
@@ -247,13 +261,29 @@ def messages_with_tools(messages: list[dict], tools: Tools | None) -> list[dict]
     return out
 
 
-def _call_text(call: Any) -> str:
+def _native_message(m: dict) -> dict:
+    if m["role"] != "assistant" or not m.get("tool_calls"):
+        return m
+    calls = []
+    for call in m["tool_calls"]:
+        name, args = _call_parts(call)
+        calls.append({"id": call.get("id"), "type": "function",
+                      "function": {"name": name, "arguments": args}})  # fmt: skip
+    return {**m, "tool_calls": calls}
+
+
+def _call_parts(call: Any) -> tuple[str, Any]:
+    """(name, arguments as an object) of an assistant message's tool call."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise ToolError("an assistant message's tool_calls need function names", "messages")
     args = fn.get("arguments", "{}")
     try:
-        args = json.loads(args) if isinstance(args, str) else args
+        return fn["name"], json.loads(args) if isinstance(args, str) else args
     except ValueError as e:
         raise ToolError("a tool call's arguments must be JSON", "messages") from e
-    return "<tool_call>" + json.dumps({"name": fn["name"], "arguments": args}) + "</tool_call>"
+
+
+def _call_text(call: Any) -> str:
+    name, args = _call_parts(call)
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from lanes import build_engine
+from lanes.chat import Chat, render_chat, takes_tools
 from lanes.openai_api import parse_request
 from lanes.tools import ToolCallStream, ToolError, Tools, messages_with_tools, parse_tools
 
@@ -147,3 +148,67 @@ def test_required_and_named_calls_follow_the_parameters(long_model_dir, choice):
     free = parse_request({**body, "tool_choice": "auto"}, True, engine.context_len)
     (out,) = engine.generate(free.prompts, free.params[0])
     assert free.tools.parse(out.text)[1] == []
+
+
+# A template with its own tool section, laid out as Qwen2.5's (tools listed in the system turn,
+# calls as <tool_call> JSON with the arguments as an object, results in a user turn).
+OWN_TOOLS = """{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Answer a call as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments}
+| tojson }}</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+PLAIN = """{% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_a_template_with_its_own_tool_section_renders_the_tools():
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    chat = [
+        *ASK,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"},
+    ]
+    body = {"messages": chat, "tools": [WEATHER]}
+    assert takes_tools(OWN_TOOLS) and not takes_tools(PLAIN) and not takes_tools(None)
+    native = parse_request(body, True, 4096, native_tools=True).prompts[0]
+    assert isinstance(native, Chat) and native.tools == [WEATHER]
+    text = render_chat(OWN_TOOLS, native.messages, tools=native.tools)
+    assert "# Tools\n<tools>\n" + json.dumps(WEATHER) in text
+    assert "You may call functions" not in text  # lanes' own description is not added
+    # the earlier call's arguments reach the template as an object, not a JSON string
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
+    # tool_choice none: no tools section
+    off = parse_request({**body, "tool_choice": "none"}, True, 4096, native_tools=True)
+    assert "# Tools" not in render_chat(OWN_TOOLS, off.prompts[0].messages, tools=None)
+    # negative control: a template without one gets lanes' system prompt and tags instead
+    plain = parse_request(body, True, 4096, native_tools=False).prompts[0]
+    assert isinstance(plain, list) and "You may call functions" in plain[0]["content"]
+
+
+def test_required_call_through_a_template_with_its_own_tool_section(long_model_dir):
+    engine = build_engine(str(long_model_dir))
+    engine.tokenizer.chat_template = OWN_TOOLS
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 160}
+    parsed = parse_request(body, True, engine.context_len, takes_tools(OWN_TOOLS))
+    (prompt,) = parsed.prompts
+    rendered = engine.tokenizer.decode(engine.encode(prompt), skip_special_tokens=False)
+    assert "# Tools" in rendered and "get_weather" in rendered
+    (out,) = engine.generate(parsed.prompts, parsed.params[0])
+    content, calls = parsed.tools.parse(out.text)
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_weather"]
