@@ -482,12 +482,12 @@ class _Context:
             "tool_calls" if reason == "stop" else reason,
         )
 
-    def _tool_delta(self, i: int, stream: ToolCallStream, content: str, calls: list) -> str:
-        """A chunk of a chat with tools: content as it comes, each finished call whole."""
+    def _tool_delta(self, i: int, content: str, calls: list) -> str:
+        """A chunk of a chat with tools: content as it comes, tool_calls deltas (a call's
+        header, then pieces of its arguments) as ToolCallStream makes them."""
         d: dict = {"content": content} if content else {}
         if calls:
-            first = stream.num_calls - len(calls)
-            d["tool_calls"] = [{"index": first + k, **c} for k, c in enumerate(calls)]
+            d["tool_calls"] = calls
         return self._chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}])
 
     async def _watch_disconnect(self, request: Request) -> None:
@@ -535,7 +535,7 @@ class _Context:
             if isinstance(event, Delta) and streams:
                 content, calls = streams[i].feed(event.text)
                 if content or calls:
-                    yield self._tool_delta(i, streams[i], content, calls)
+                    yield self._tool_delta(i, content, calls)
             elif isinstance(event, Delta):
                 lp = self._logprobs(
                     i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
@@ -556,7 +556,7 @@ class _Context:
                 if streams:
                     rest = streams[i].flush()
                     if rest:
-                        yield self._tool_delta(i, streams[i], rest, [])
+                        yield self._tool_delta(i, rest, [])
                     if streams[i].num_calls and reason == "stop":
                         reason = "tool_calls"
                 yield self._last_chunk(i, reason)

@@ -97,6 +97,9 @@ class Tools:
             if not isinstance(call, dict) or call.get("name") not in self.functions:
                 continue
             args = call.get("arguments", {})
+            raw = _raw_arguments(block)  # as written, so a streamed call joins to the same text
+            if raw is not None:
+                args = raw
             calls.append(
                 {
                     "id": f"call_{secrets.token_hex(12)}",
@@ -116,49 +119,153 @@ class Tools:
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
+# a block's start up to its arguments' first character: {"name": "...", "arguments": <here>
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+@dataclass
+class _OpenBlock:
+    """A <tool_call> block still being written: the call it became (once its name is known)
+    and how much of its arguments object has been sent."""
+
+    index: int | None = None  # the call's index in the answer, once its header went out
+    args_at: int = 0  # where the arguments value starts in the block's body
+    sent: int = 0  # characters of the arguments value sent
+    depth: int = 0  # JSON nesting inside the arguments value
+    in_string: bool = False
+    escaped: bool = False
+    done: bool = False  # the arguments value is complete
+    whole: bool = False  # not an object: its arguments go out whole when the block closes
+
+    def scan(self, value: str) -> int:
+        """Follow the arguments object from `sent` on; where the part written so far ends."""
+        end = self.sent
+        for c in value[self.sent :]:
+            end += 1
+            if self.escaped:
+                self.escaped = False
+            elif self.in_string:
+                self.escaped, self.in_string = c == "\\", c != '"'
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    break
+        return end
+
+
+def _raw_arguments(block: str) -> str | None:
+    """The arguments object of a complete <tool_call> block as the model wrote it (what the
+    stream sent piece by piece), or None where the block is not laid out name first."""
+    match = _HEADER.match(block[len(_OPEN) :] if block.startswith(_OPEN) else block)
+    if match is None:
+        return None
+    value = match.string[match.end() :]
+    if not value.startswith("{"):
+        return None
+    state = _OpenBlock()
+    end = state.scan(value)
+    return value[:end] if state.done else None
+
+
 class ToolCallStream:
-    """A streamed choice's text split as it arrives: content is passed on at once, except what
-    could be the start of a <tool_call> tag; each complete block naming a known function comes
-    out as a call (a block that is not one is passed on as content)."""
+    """A streamed choice's text split as it arrives, as OpenAI streams tool calls: content is
+    passed on at once, except what could be the start of a <tool_call> tag; a block whose name
+    is a known function becomes a call as soon as its name is written — a first delta with the
+    call's index, id, name and empty arguments, then its arguments object piece by piece as the
+    model writes it (the pieces join to the call's arguments). A block that names no known
+    function is passed on as content when it closes; with parallel_tool_calls false, blocks
+    after the first call are dropped."""
 
     def __init__(self, tools: Tools) -> None:
         self.tools = tools
-        self.held = ""
+        self.held = ""  # text not yet passed on: a partial tag, or the open block
+        self.block: _OpenBlock | None = None
         self.num_calls = 0
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
-        """(content to send now, calls completed now)."""
+        """(content to send now, tool_calls deltas to send now)."""
         self.held += text
-        content, calls = [], []
+        content, deltas = [], []
         while True:
-            start = self.held.find(_OPEN)
-            if start < 0:
-                keep = _partial_tag(self.held)
-                content.append(self.held[: len(self.held) - keep])
-                self.held = self.held[len(self.held) - keep :]
-                break
-            end = self.held.find(_CLOSE, start)
-            if end < 0:  # the block is still being written
+            if self.block is None:
+                start = self.held.find(_OPEN)
+                if start < 0:
+                    keep = _partial_tag(self.held)
+                    content.append(self.held[: len(self.held) - keep])
+                    self.held = self.held[len(self.held) - keep :]
+                    break
                 content.append(self.held[:start])
                 self.held = self.held[start:]
+                self.block = _OpenBlock()
+            end = self.held.find(_CLOSE)
+            body = self.held[len(_OPEN) : end if end >= 0 else len(self.held)]
+            deltas += self._stream(body)
+            if end < 0:  # the block is still being written
                 break
             end += len(_CLOSE)
-            content.append(self.held[:start])
-            block = self.held[start:end]
-            found = self.tools.parse(block)[1]
-            if found and self.num_calls + len(calls) and not self.tools.parallel:
-                found = []  # one call only: a later block is dropped, not shown as content
-                block = ""
-            calls += found
-            if not found:
-                content.append(block)
-            self.held = self.held[end:]
-        self.num_calls += len(calls)
-        return "".join(content), calls
+            closed, self.held = self.held[:end], self.held[end:]
+            text_back, more = self._close(closed)
+            content.append(text_back)
+            deltas += more
+            self.block = None
+        return "".join(content), deltas
+
+    def _stream(self, body: str) -> list[dict]:
+        """The header once the name is known, then whatever is new of the arguments object."""
+        b, out = self.block, []
+        if b.index is None:
+            match = _HEADER.match(body)
+            if match is None or (self.num_calls and not self.tools.parallel):
+                return []
+            name = json.loads(match.group(1))
+            if name not in self.tools.functions:
+                return []
+            b.index, b.args_at = self.num_calls, match.end()
+            self.num_calls += 1
+            out.append({"index": b.index, "id": f"call_{secrets.token_hex(12)}",
+                        "type": "function", "function": {"name": name, "arguments": ""}})  # fmt: skip
+        value = body[b.args_at :]
+        if b.sent == 0 and value and not value.startswith("{"):
+            b.whole = True
+        if b.whole or b.done:
+            return out
+        end = b.scan(value)
+        if end > b.sent:
+            out.append({"index": b.index, "function": {"arguments": value[b.sent : end]}})
+            b.sent = end
+        return out
+
+    def _close(self, block: str) -> tuple[str, list[dict]]:
+        """(content, deltas) when a block closes: a call streamed so far is finished (its
+        arguments whole, if they were not an object); another block naming a known function
+        goes out whole; one naming none is content."""
+        b = self.block
+        found = self.tools.parse(block)[1]
+        if b.index is not None:
+            if b.whole and b.sent == 0 and found:
+                args = found[0]["function"]["arguments"]
+                return "", [{"index": b.index, "function": {"arguments": args}}]
+            return "", []
+        if not found:
+            return block, []
+        if self.num_calls and not self.tools.parallel:
+            return "", []  # one call only: a later block is dropped, not shown as content
+        call = found[0]
+        self.num_calls += 1
+        return "", [{"index": self.num_calls - 1, **call}]
 
     def flush(self) -> str:
-        """What is left at the end (an unfinished block, a partial tag): content."""
+        """What is left at the end (an unfinished block, a partial tag): content, unless it
+        is the rest of a call already being sent."""
         rest, self.held = self.held, ""
+        if self.block is not None and self.block.index is not None:
+            rest = ""
+        self.block = None
         return rest
 
 

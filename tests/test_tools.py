@@ -106,26 +106,59 @@ def test_tool_call_blocks_are_parsed():
     single = Tools({"get_weather": {}}, {"get_weather": ""}, "auto", parallel=False)
     assert len(single.parse(two)[1]) == 1  # parallel_tool_calls: false
     stream = ToolCallStream(single)
-    assert [len(stream.feed(b)[1]) for b in (two[: len(two) // 2], two[len(two) // 2 :])] == [1, 0]
+    deltas = [d for b in (two[: len(two) // 2], two[len(two) // 2 :]) for d in stream.feed(b)[1]]
+    assert len(_joined(deltas)) == 1 and stream.num_calls == 1
     assert parse_tools({"tools": [WEATHER], "parallel_tool_calls": False}).parallel is False
+
+
+def _joined(deltas: list[dict]) -> list[dict]:
+    """tool_calls deltas joined by index, as a client does: id and name from the first, the
+    arguments pieces concatenated."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        call = calls.setdefault(d["index"], {"arguments": ""})
+        call.update({k: d[k] for k in ("id", "type") if k in d})
+        fn = d.get("function", {})
+        if "name" in fn:
+            call["name"] = fn["name"]
+        call["arguments"] += fn.get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
 
 
 @pytest.mark.parametrize("piece", [1, 3, 1000])
 def test_a_streamed_text_splits_into_content_and_calls(piece):
-    """Fed in pieces of any size: the content comes out at once except a possible tag start,
-    each finished block once as a call; a block that is no call stays content."""
+    """Fed in pieces of any size: the content comes out at once except a possible tag start; a
+    call's header as soon as its name is written, then its arguments piece by piece, joining to
+    the arguments the whole text parses to; a block that is no call stays content."""
     tools = Tools({"get_weather": {}}, {"get_weather": ""}, "auto")
-    text = ('Checking <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    args = '{"city": "O\\"slo}", "days": [1, {"n": 2}]}'  # a quote and braces inside a string
+    text = (f'Checking <tool_call>{{"name": "get_weather", "arguments": {args}}}'
             '</tool_call> and <tool_call>{"name": "nope"}</tool_call> done <tool')  # fmt: skip
-    stream, content, calls = ToolCallStream(tools), "", []
+    stream, content, deltas, pieces = ToolCallStream(tools), "", [], 0
     for k in range(0, len(text), piece):
         c, new = stream.feed(text[k : k + piece])
-        content, calls = content + c, calls + new
+        content, deltas = content + c, deltas + new
+        pieces += sum(1 for d in new if d.get("function", {}).get("arguments"))
         assert "<tool_call>" not in c or "nope" in c  # only a failed block passes as content
     content += stream.flush()
     assert content == 'Checking  and <tool_call>{"name": "nope"}</tool_call> done <tool'
-    assert [c["function"]["arguments"] for c in calls] == ['{"city": "Oslo"}']
+    (call,) = _joined(deltas)
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    assert call["arguments"] == args == tools.parse(text)[1][0]["function"]["arguments"]
+    # as written: each piece of arguments text fed went out at once (one, fed whole)
+    assert pieces == 1 if piece == 1000 else pieces >= len(args) // piece
     assert stream.num_calls == 1
+
+
+def test_a_streamed_call_cut_short_and_arguments_that_are_no_object():
+    tools = Tools({"get_weather": {}}, {"get_weather": ""}, "auto")
+    stream = ToolCallStream(tools)
+    _, deltas = stream.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "Os')
+    assert _joined(deltas)[0]["arguments"] == '{"city": "Os'
+    assert stream.flush() == ""  # max_tokens mid-call: the rest is not passed on as content
+    stream = ToolCallStream(tools)  # arguments written as a JSON string: sent whole at the end
+    c, deltas = stream.feed('<tool_call>{"name": "get_weather", "arguments": "{}"}</tool_call>')
+    assert c == "" and _joined(deltas)[0]["arguments"] == "{}"
 
 
 @pytest.mark.parametrize("choice", ["required", "named"])
