@@ -354,6 +354,8 @@ def engine_report(engine: Engine, integrity: str) -> dict:
         "verify_steps": m.num_verify_steps,
         "draft_tokens": m.num_drafted,
         "accepted_draft_tokens": m.num_accepted,
+        "drafted_at": list(m.drafted_at),
+        "accepted_at": list(m.accepted_at),
         **_recurrent_report(engine),
     }
 

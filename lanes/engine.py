@@ -1088,6 +1088,11 @@ class Engine:
         self.metrics.num_drafted += lane.num_drafted
         self.metrics.num_accepted += lane.num_accepted
         self.metrics.num_verify_steps += lane.num_verify_steps
+        for mine, total in ((lane.drafted_at, self.metrics.drafted_at),
+                            (lane.accepted_at, self.metrics.accepted_at)):  # fmt: skip
+            total.extend([0] * (len(mine) - len(total)))
+            for j, n in enumerate(mine):
+                total[j] += n
         if lane.finish_reason == "length":
             lane.text += lane.detokenizer.flush()
         if lane in self.running:

@@ -49,6 +49,9 @@ class Lane:
     num_drafted: int = 0  # draft tokens the target verified
     num_accepted: int = 0  # of them, kept
     num_verify_steps: int = 0  # target steps that checked drafts
+    # per draft position j (0 = the first draft of a step): drafts verified there, and kept
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
     num_sampling_steps: int = 0  # target steps that yielded tokens (drafted or not)
     acceptance_ema: float = 0.8  # running per-token acceptance, for adaptive k
     grammar_cursor: GrammarCursor | None = None  # structured outputs: the grammar's matcher

@@ -33,6 +33,9 @@ class EngineMetrics:
     num_drafted: int = 0  # draft tokens verified (of ended requests)
     num_accepted: int = 0  # of them, kept
     num_verify_steps: int = 0
+    # per draft position (of ended requests): drafts verified there, and kept
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
     drafter_seconds: float = 0.0  # proposing and the drafter's own prefill, within rounds
     achieved_prefill_share: float | None = None  # over rounds where both kinds of work ran
 

@@ -6,8 +6,8 @@ lane), prefill time (first lane to first token), decode time (first to last toke
 first token, time per output token, prompt and generation lengths. From the engine's last
 published report (read when /metrics is scraped): running and waiting requests, KV usage,
 preemptions, prefix-cache queried and hit tokens, speculative drafts, draft tokens and accepted
-tokens; for hybrid models, the recurrent-state slots and snapshots (`lanes_state_*`). vLLM's
-per-position acceptance counts are not kept.
+tokens, and vLLM's accepted tokens per draft position (with lanes' own acceptance rate per
+position); for hybrid models, the recurrent-state slots and snapshots (`lanes_state_*`).
 """
 
 from __future__ import annotations
@@ -80,6 +80,23 @@ class _EngineReport:
             "Draft tokens kept",
             r.get("accepted_draft_tokens", 0),
         )
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens kept, by position in the draft",
+            labels=["model_name", "position"],
+        )
+        rate = GaugeMetricFamily(
+            "lanes_draft_acceptance_rate_per_position",
+            "Kept / verified drafts at each draft position (of ended requests)",
+            labels=["model_name", "position"],
+        )
+        drafted, kept = r.get("drafted_at", []), r.get("accepted_at", [])
+        for j, n in enumerate(drafted):  # a position is kept only where it was drafted
+            k = kept[j] if j < len(kept) else 0
+            per_pos.add_metric([self.model_name, str(j)], k)
+            rate.add_metric([self.model_name, str(j)], k / n if n else 0.0)
+        yield per_pos
+        yield rate
         for key, doc in _STATE_SERIES.items():  # hybrid models only
             if key in r:
                 g = GaugeMetricFamily(f"lanes_{key}", doc)

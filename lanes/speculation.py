@@ -49,8 +49,17 @@ def record_verify(lane: Lane, num_drafts: int, num_accepted: int) -> None:
     lane.num_drafted += num_drafts
     lane.num_accepted += num_accepted
     lane.num_verify_steps += 1
+    add_at(lane.drafted_at, num_drafts)
+    add_at(lane.accepted_at, num_accepted)
     if num_drafts:
         lane.acceptance_ema = (1 - _EMA) * lane.acceptance_ema + _EMA * num_accepted / num_drafts
+
+
+def add_at(counts: list[int], n: int) -> None:
+    """One more at each of positions 0..n-1 (growing the list as needed)."""
+    counts.extend([0] * (n - len(counts)))
+    for j in range(n):
+        counts[j] += 1
 
 
 def verify(

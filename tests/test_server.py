@@ -374,6 +374,20 @@ def test_vllm_metric_names_for_stock_dashboards(long_model_dir):
     drafts = value("vllm:spec_decode_num_draft_tokens_total")
     assert 0 < value("vllm:spec_decode_num_accepted_tokens_total") < drafts
     assert value("vllm:spec_decode_num_drafts_total") > 0
+    # per draft position: kept drafts add up to the total, none kept where none was drafted, and
+    # a later position keeps no more than an earlier one (a draft is kept only after the ones
+    # before it)
+    per_pos = {
+        int(pos): float(v)
+        for pos, v in re.findall(
+            r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{model_name="tiny",'
+            r'position="(\d+)"\} (\S+)$', text, re.M
+        )
+    }  # fmt: skip
+    assert sorted(per_pos) == list(range(len(per_pos))) and len(per_pos) >= 2
+    assert sum(per_pos.values()) == value("vllm:spec_decode_num_accepted_tokens_total")
+    assert all(per_pos[j] >= per_pos[j + 1] for j in range(len(per_pos) - 1))
+    assert 'lanes_draft_acceptance_rate_per_position{model_name="tiny",position="0"}' in text
     assert value("vllm:num_requests_running") == 0 and value("vllm:num_preemptions_total") == 0
     assert 'vllm:request_success_total{finished_reason="length",model_name="' in text
 
