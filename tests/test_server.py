@@ -388,6 +388,15 @@ def test_vllm_metric_names_for_stock_dashboards(long_model_dir):
     assert sum(per_pos.values()) == value("vllm:spec_decode_num_accepted_tokens_total")
     assert all(per_pos[j] >= per_pos[j + 1] for j in range(len(per_pos) - 1))
     assert 'lanes_draft_acceptance_rate_per_position{model_name="tiny",position="0"}' in text
+    # docs/grafana-dashboard.json reads only series this server exports
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).parents[1] / "docs/grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    wanted = {n for e in exprs for n in re.findall(r"\b(?:vllm:|lanes_)[a-zA-Z0-9_:]+", e)}
+    exported = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M))
+    assert len(wanted) > 20 and wanted <= exported, wanted - exported
     assert value("vllm:num_requests_running") == 0 and value("vllm:num_preemptions_total") == 0
     assert 'vllm:request_success_total{finished_reason="length",model_name="' in text
 
