@@ -315,6 +315,32 @@ def _tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    """`lanes models`: where the default model's weights and tokenizer files are (the tokenizer
+    of the GGUF written out as HF files first, if it is not yet)."""
+    from lanes.config import cache_dir
+    from lanes.models import resolve
+
+    snapshot = resolve.cached_snapshot(resolve.DEFAULT_MODEL)
+    gguf = cache_dir() / resolve.DEFAULT_GGUF
+    print(f"default model  {resolve.DEFAULT_MODEL}")
+    if snapshot is not None:
+        print(f"  weights      {snapshot} (the Hugging Face cache)")
+        print(f"  tokenizer    {snapshot}")
+    elif gguf.is_file():
+        tokenizer = resolve.export_tokenizer(
+            resolve.open_gguf(gguf), resolve.default_tokenizer_dir()
+        )
+        print(f"  weights      {gguf}")
+        print(
+            f"  tokenizer    {tokenizer} (guidellm --processor, aiperf --tokenizer, transformers)"
+        )
+    else:
+        print("  weights      not fetched yet: the first `lanes serve` or `lanes generate` does")
+    print(f"lanes cache    {cache_dir()} ($LANES_CACHE)")
+    return 0
+
+
 def _kernels(args: argparse.Namespace) -> int:
     """The kernel registry, with each kernel's last GPU check from bench/results/."""
     from pathlib import Path
@@ -416,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dist.add_argument("--device", default="cpu")
     dist.set_defaults(run=_distill)
+
+    models = sub.add_parser("models", help="where the default model and its tokenizer files are")
+    models.set_defaults(run=_models)
 
     kern = sub.add_parser("kernels", help="list the Triton kernels and their last GPU check")
     kern.set_defaults(run=_kernels)

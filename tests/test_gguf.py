@@ -116,6 +116,31 @@ def test_tokenizer_export_from_a_gguf(tiny_models, tmp_path):
     assert theirs.decode(ours.encode(text)) == ours.decode(ours.encode(text))
 
 
+def test_lanes_models_writes_and_shows_the_default_tokenizer(tiny_models, tmp_path, monkeypatch,
+                                                             capsys):  # fmt: skip
+    """Without the hub, the default model is its GGUF; `lanes models` says where it is and where
+    its tokenizer's HF files are, written once (transformers loads them)."""
+    import transformers
+
+    import lanes.cli
+    from lanes.models import resolve
+
+    monkeypatch.setenv("LANES_CACHE", str(tmp_path))
+    monkeypatch.setattr(resolve, "cached_snapshot", lambda repo_id: None)
+    assert lanes.cli.main(["models"]) == 0
+    assert "not fetched yet" in capsys.readouterr().out
+    hf_dir, hf = tiny_models["llama"]
+    write_gguf(tmp_path / resolve.DEFAULT_GGUF, hf_dir, hf)  # the tiny model in its place
+    assert lanes.cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    tok = resolve.default_tokenizer_dir()
+    assert f"tokenizer    {tok} " in out and str(tmp_path / resolve.DEFAULT_GGUF) in out
+    written = (tok / "tokenizer.json").stat().st_mtime_ns
+    assert transformers.AutoTokenizer.from_pretrained(str(tok))("Paris")["input_ids"]
+    assert lanes.cli.main(["models"]) == 0  # written once
+    assert (tok / "tokenizer.json").stat().st_mtime_ns == written
+
+
 def test_unpermute_is_the_inverse():
     w = torch.arange(4 * 8 * 3, dtype=torch.float32).reshape(4 * 8, 3)
     permuted = torch.from_numpy(_permute_like_llama_cpp(w.numpy(), 4))

