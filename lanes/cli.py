@@ -459,85 +459,35 @@ def build_parser() -> argparse.ArgumentParser:
     tok.set_defaults(run=_tokenizer)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    serve.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help="as --model")
-    serve.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")
-    serve.add_argument(
+    model = serve.add_argument_group("model")
+    spec = serve.add_argument_group("speculative decoding")
+    sched = serve.add_argument_group("scheduling")
+    memory = serve.add_argument_group("memory (KV pool, prompt cache)")
+    http = serve.add_argument_group("HTTP server and logs")
+    model.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help="as --model")
+    model.add_argument("--model", default=None, help="HF dir, .gguf, or repo id (default: SmolLM2)")
+    model.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
         help="the model id(s) clients send; the first labels metrics (default: --model)",
     )
-    serve.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
-    serve.add_argument("--num-draft-tokens", type=int, default=4)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--prefill-share", type=float, default=0.5)
-    serve.add_argument("--max-lanes", "--max-num-seqs", type=int, default=16)
-    serve.add_argument(
-        "--max-tokens-per-round",
-        "--max-num-batched-tokens",
-        type=int,
-        default=None,
-        help="tokens (decode rows and prompt chunks) one round may carry (default 2048)",
-    )
-    serve.add_argument("--prompt-cache-bytes", type=parse_bytes, default=256 * 2**20)
-    serve.add_argument(
-        "--state-snapshot-bytes",
-        type=parse_bytes,
-        default=256 * 2**20,
-        help="hybrid (Qwen3.5) models: recurrent-state snapshots kept for cached prefixes",
-    )
-    serve.add_argument(
-        "--kv-cache-bytes", type=parse_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
-    )
-    serve.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="CUDA: size the KV pool so the engine uses this share of the GPU's memory",
-    )
-    serve.add_argument(
-        "--max-model-len", type=int, default=None, help="context limit (at most the model's)"
-    )
-    serve.add_argument(
-        "--speculative-config",
-        default=None,
-        help='vLLM-style JSON: {"method": "ngram"} or {"model": DIR}, "num_speculative_tokens"',
-    )
-    serve.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
-    serve.add_argument(
-        "--disable-uvicorn-access-log", action="store_true", help="no HTTP access log line"
-    )
-    serve.add_argument(
-        "--disable-log-requests",
-        action="store_true",
-        help="no line per finished request (outcome, tokens, TTFT, duration)",
-    )
-    serve.add_argument(
-        "--chat-template", default=None, help="a Jinja chat template, or a file holding one"
-    )
-    serve.add_argument(
+    model.add_argument(
         "--tokenizer",
         default=None,
         help="an HF tokenizer directory to use instead of the model's own",
     )
-    serve.add_argument(
-        "--api-key",
-        default=None,
-        help="require 'Authorization: Bearer KEY' (default: $LANES_API_KEY, else no key)",
+    model.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template, or a file holding one"
     )
-    serve.add_argument(
-        "--allowed-origins",
-        type=_origins,
-        default=("*",),
-        help='browser origins CORS lets in: a JSON list or comma-separated (default: any, "*")',
+    model.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit (at most the model's)"
     )
-    serve.add_argument(
-        "--allow-special-tokens",
-        action="store_true",
-        help="let chat messages spell control tokens (refused by default: they could fake a turn)",
+    model.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
-    serve.add_argument(
+    model.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    model.add_argument(
         "--tensor-parallel",
         "--tensor-parallel-size",
         "-tp",
@@ -545,28 +495,83 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="ranks (processes; one GPU each on CUDA)",
     )
-    serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    serve.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
-    )
-    mode = serve.add_mutually_exclusive_group()
+    mode = model.add_mutually_exclusive_group()
     mode.add_argument(
         "--exact", action="store_true", default=True, help="batch-invariant ops (default)"
     )
     mode.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
-    serve.add_argument(
+    spec.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
+    spec.add_argument("--num-draft-tokens", type=int, default=4)
+    spec.add_argument(
+        "--speculative-config",
+        default=None,
+        help='vLLM-style JSON: {"method": "ngram"} or {"model": DIR}, "num_speculative_tokens"',
+    )
+    spec.add_argument(
+        "--device-rounds",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep an EAGLE-style head's greedy drafted rounds on the device, one CUDA graph "
+        "per round (default: where CUDA graphs run)",
+    )
+    sched.add_argument("--max-lanes", "--max-num-seqs", type=int, default=16)
+    sched.add_argument(
+        "--max-tokens-per-round",
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens (decode rows and prompt chunks) one round may carry (default 2048)",
+    )
+    sched.add_argument("--prefill-share", type=float, default=0.5)
+    sched.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="launch each greedy decode round before the last one's tokens are read back "
         "(default: on CUDA)",
     )
-    serve.add_argument(
-        "--device-rounds",
-        action=argparse.BooleanOptionalAction,
+    sched.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
+    memory.add_argument(
+        "--kv-cache-bytes", type=parse_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
+    )
+    memory.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
         default=None,
-        help="keep an EAGLE-style head's greedy drafted rounds on the device, one CUDA graph "
-        "per round (default: where CUDA graphs run)",
+        help="CUDA: size the KV pool so the engine uses this share of the GPU's memory",
+    )
+    memory.add_argument("--prompt-cache-bytes", type=parse_bytes, default=256 * 2**20)
+    memory.add_argument(
+        "--state-snapshot-bytes",
+        type=parse_bytes,
+        default=256 * 2**20,
+        help="hybrid (Qwen3.5) models: recurrent-state snapshots kept for cached prefixes",
+    )
+    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument("--port", type=int, default=8000)
+    http.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: $LANES_API_KEY, else no key)",
+    )
+    http.add_argument(
+        "--allowed-origins",
+        type=_origins,
+        default=("*",),
+        help='browser origins CORS lets in: a JSON list or comma-separated (default: any, "*")',
+    )
+    http.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="let chat messages spell control tokens (refused by default: they could fake a turn)",
+    )
+    http.add_argument(
+        "--disable-uvicorn-access-log", action="store_true", help="no HTTP access log line"
+    )
+    http.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no line per finished request (outcome, tokens, TTFT, duration)",
     )
     serve.set_defaults(run=_serve)
     return parser

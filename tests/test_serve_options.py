@@ -252,3 +252,24 @@ def test_tokenizer_flag_takes_another_directory(tiny_models, tmp_path):
     (big / "tokenizer_config.json").write_text("{}")
     with pytest.raises(_CliError, match="tokens; the model has"):
         with_tokenizer(str(path), str(big))
+
+
+def test_serve_help_is_grouped_and_lists_every_documented_flag(capsys):
+    """`lanes serve --help` in groups like vLLM's; every flag docs/serving.md documents exists."""
+    import re
+    from pathlib import Path
+
+    with pytest.raises(SystemExit):
+        lanes.cli.main(["serve", "--help"])
+    text = capsys.readouterr().out
+    for group in ("model:", "speculative decoding:", "scheduling:", "memory (KV pool, prompt cache):",
+                  "HTTP server and logs:"):  # fmt: skip
+        assert f"\n{group}\n" in text, group
+    docs = (Path(__file__).parents[1] / "docs" / "serving.md").read_text()
+    documented = set(re.findall(r"^\| `(--[a-z-]+)`", docs, re.M))
+    assert len(documented) > 20
+    assert {f for f in documented if f not in text} == set()
+    # and the other way: every flag of `lanes serve` is named in the docs
+    serve = lanes.cli.build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {o for a in serve._actions for o in a.option_strings if o.startswith("--")}
+    assert {f for f in flags - {"--help"} if f"`{f}`" not in docs} == set()
