@@ -1,0 +1,245 @@
+"""Conformance: every request field docs/serving.md lists, driven through the official `openai`
+client (sync, async and streaming) against a live server. The documented fields and the checks
+here must match one to one, so a field documented without a check (or a check of a field the
+docs dropped) fails first."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import openai
+import pytest
+
+from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.drafter.replay import ReplayProposer
+from tests.live_server import MODEL, LiveServer
+
+DOCS = Path(__file__).parents[1] / "docs" / "serving.md"
+REPEATS = "one two three four five one two three four five one two three four five"
+CHAT = [{"role": "user", "content": "Say something."}]
+FREE = {"ignore_eos": True}  # outputs run to max_tokens
+
+
+def documented_fields() -> set[str]:
+    """The fields of the Request fields table, one per backticked name."""
+    table = DOCS.read_text().split("## Request fields", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1] for line in table.splitlines()[2:] if line.startswith("|")]
+    return {name for row in rows for name in re.findall(r"`([a-z_.]+)`", row)}
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir):
+    """A server whose drafter replays REPEATS' greedy continuation, 70% of drafts right."""
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16))
+    ids = engine.encode(REPEATS)
+    (plain,) = engine.generate([ids], SamplingParams(max_tokens=30, ignore_eos=True))
+    vocab = engine.model_config.vocab_size
+    engine.proposer = ReplayProposer({tuple(ids): plain.token_ids}, 0.7, vocab)
+    with LiveServer(engine) as live:
+        yield live
+
+
+def complete(client, **kw):
+    kw.setdefault("max_tokens", 8)
+    return client.completions.create(model=MODEL, prompt=kw.pop("prompt", REPEATS), **kw)
+
+
+def chat(client, **kw):
+    kw.setdefault("max_tokens", 8)
+    return client.chat.completions.create(model=MODEL, messages=kw.pop("messages", CHAT), **kw)
+
+
+def check_model(c, ac):
+    assert complete(c).model == MODEL
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="another-model", prompt="a")
+
+
+def check_prompt(c, ac):
+    assert len(complete(c, prompt=["a b", "c d"]).choices) == 2
+    ids = complete(c, prompt=[5, 6, 7], max_tokens=3, extra_body=FREE)
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 3
+
+
+def check_messages(c, ac):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say something."}]}]
+    a = chat(c, messages=parts, temperature=0, extra_body=FREE)
+    b = chat(c, temperature=0, extra_body=FREE)
+    assert a.choices[0].message.content == b.choices[0].message.content  # parts == the string
+
+
+def check_max_tokens(c, ac):
+    assert complete(c, max_tokens=5, extra_body=FREE).usage.completion_tokens == 5
+    assert chat(c, max_tokens=4, extra_body=FREE).usage.completion_tokens == 4
+
+
+def check_max_completion_tokens(c, ac):
+    out = chat(c, max_tokens=9, max_completion_tokens=3, extra_body=FREE)
+    assert out.usage.completion_tokens == 3  # preferred over max_tokens
+    extra = {"max_completion_tokens": 2, **FREE}
+    assert complete(c, max_tokens=9, extra_body=extra).usage.completion_tokens == 2
+
+
+def check_temperature(c, ac):
+    texts = {complete(c, temperature=0, extra_body=FREE).choices[0].text for _ in range(2)}
+    assert len(texts) == 1
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        complete(c, temperature=2.5)
+
+
+def check_top_p(c, ac):
+    greedy = complete(c, temperature=0, extra_body=FREE).choices[0].text
+    assert complete(c, temperature=1.0, top_p=1e-9, seed=3, extra_body=FREE).choices[0].text == (
+        greedy
+    )  # the nucleus of a tiny top_p is the most likely token
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        complete(c, top_p=0)
+
+
+def check_top_k(c, ac):
+    greedy = complete(c, temperature=0, extra_body=FREE).choices[0].text
+    out = complete(c, temperature=1.0, seed=4, extra_body={"top_k": 1, **FREE})
+    assert out.choices[0].text == greedy
+    with pytest.raises(openai.BadRequestError, match="top_k"):
+        complete(c, extra_body={"top_k": -2})
+
+
+def check_seed(c, ac):
+    a, b = (complete(c, temperature=1.0, seed=7, n=2, extra_body=FREE) for _ in range(2))
+    assert [x.text for x in a.choices] == [x.text for x in b.choices]
+    assert a.choices[0].text != a.choices[1].text  # choice i samples with seed + i
+
+
+def check_stop(c, ac):
+    text = complete(c, temperature=0, max_tokens=12, extra_body=FREE).choices[0].text
+    word = re.findall(r"[A-Za-z]{2,}", text[2:])[0]  # letters: whole characters of the text
+    out = complete(c, temperature=0, max_tokens=12, stop=[word], extra_body=FREE).choices[0]
+    assert out.finish_reason == "stop" and word not in out.text and text.startswith(out.text)
+
+
+def check_n(c, ac):
+    assert len(chat(c, n=3, seed=1).choices) == 3
+    with pytest.raises(openai.BadRequestError, match="'n'"):
+        complete(c, n=17)
+
+
+def check_logprobs(c, ac):
+    lp = complete(c, logprobs=2, max_tokens=3, extra_body=FREE).choices[0].logprobs
+    # top alternatives keyed by their text (OpenAI's format): two may share a text
+    assert len(lp.tokens) == 3 and all(1 <= len(t) <= 2 for t in lp.top_logprobs)
+    content = chat(c, logprobs=True, max_tokens=3, extra_body=FREE).choices[0].logprobs.content
+    assert len(content) == 3 and all(x.logprob <= 0 for x in content)
+
+
+def check_top_logprobs(c, ac):
+    content = chat(c, logprobs=True, top_logprobs=3, max_tokens=2).choices[0].logprobs.content
+    assert all(len(x.top_logprobs) == 3 for x in content)
+
+
+def check_stream(c, make_async):
+    async def both():
+        ac = make_async()
+        whole = await ac.completions.create(
+            model=MODEL, prompt=REPEATS, max_tokens=6, temperature=0, extra_body=FREE
+        )
+        stream = await ac.completions.create(
+            model=MODEL, prompt=REPEATS, max_tokens=6, temperature=0, extra_body=FREE,
+            stream=True,
+        )  # fmt: skip
+        text = "".join([ch.choices[0].text async for ch in stream if ch.choices])
+        await ac.close()
+        return whole.choices[0].text, text
+
+    whole, streamed = asyncio.run(both())
+    assert streamed == whole
+
+
+def check_stream_options_include_usage(c, ac):
+    chunks = list(
+        chat(c, stream=True, stream_options={"include_usage": True}, max_tokens=3, extra_body=FREE)
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+
+
+def check_draft(c, ac):
+    kw = dict(temperature=0, max_tokens=30)
+    drafted = complete(c, **kw, extra_body=FREE)
+    plain = complete(c, **kw, extra_body={"draft": False, **FREE})
+    assert drafted.choices[0].text == plain.choices[0].text
+
+    def verified(x):
+        d = x.usage.completion_tokens_details
+        return d.accepted_prediction_tokens + d.rejected_prediction_tokens
+
+    assert verified(drafted) > 0 and verified(plain) == 0  # drafts verified, then none
+    assert drafted.usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def check_cache_salt(c, ac):
+    prompt = REPEATS * 3
+    first = complete(c, prompt=prompt, extra_body={"cache_salt": "a"})
+    again = complete(c, prompt=prompt, extra_body={"cache_salt": "a"})
+    other = complete(c, prompt=prompt, extra_body={"cache_salt": "b"})
+    cached = [x.usage.prompt_tokens_details.cached_tokens for x in (first, again, other)]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0
+
+
+def check_ignore_eos(c, ac):
+    assert complete(c, max_tokens=30, extra_body=FREE).usage.completion_tokens == 30
+
+
+def check_presence_penalty(c, ac):
+    assert complete(c, presence_penalty=1.5).choices
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        complete(c, presence_penalty=2.5)
+
+
+def check_frequency_penalty(c, ac):
+    greedy = complete(c, temperature=0, max_tokens=20, extra_body=FREE).choices[0].text
+    pushed = complete(c, temperature=0, max_tokens=20, frequency_penalty=2.0, extra_body=FREE)
+    assert pushed.choices[0].text != greedy  # repeats cost: a random model's loops break
+    with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
+        complete(c, frequency_penalty=-3)
+
+
+def check_repetition_penalty(c, ac):
+    assert complete(c, extra_body={"repetition_penalty": 1.3}).choices
+    with pytest.raises(openai.BadRequestError, match="repetition_penalty"):
+        complete(c, extra_body={"repetition_penalty": 0})
+
+
+def check_min_p(c, ac):
+    greedy = complete(c, temperature=0, extra_body=FREE).choices[0].text
+    out = complete(c, temperature=1.0, seed=5, extra_body={"min_p": 1.0, **FREE})
+    assert out.choices[0].text == greedy  # only the most likely token passes min_p 1
+    with pytest.raises(openai.BadRequestError, match="min_p"):
+        complete(c, extra_body={"min_p": 1.5})
+
+
+def check_min_tokens(c, ac):
+    out = complete(c, max_tokens=12, extra_body={"min_tokens": 12, "stop_token_ids": [5]})
+    assert out.usage.completion_tokens == 12
+
+
+def check_logit_bias(c, ac):
+    out = complete(c, max_tokens=5, temperature=0, logit_bias={"42": 100}, logprobs=0,
+                   extra_body=FREE)  # fmt: skip
+    assert out.choices[0].logprobs.tokens and len(set(out.choices[0].logprobs.tokens)) == 1
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        complete(c, logit_bias={"42": 101})
+
+
+CHECKS = {name.removeprefix("check_").replace("stream_options_include_usage",
+          "stream_options.include_usage"): f
+          for name, f in dict(globals()).items() if name.startswith("check_")}  # fmt: skip
+
+
+def test_every_documented_field_has_a_check():
+    assert documented_fields() == set(CHECKS)
+
+
+@pytest.mark.parametrize("field", sorted(CHECKS))
+def test_field(server, field):
+    CHECKS[field](server.client(), server.async_client)
