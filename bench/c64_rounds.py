@@ -45,6 +45,23 @@ def split_rounds(records) -> dict:
     return kinds
 
 
+def c64_engine(prefill_share: float = EngineConfig.prefill_share):
+    """The c64 engine: random bf16 weights of the Llama-3.1-8B shape on the GPU, bench_engine's
+    settings (48 GiB of KV, 8,192 tokens per round, 512-token prefill chunks)."""
+    shape = LLAMA_31_8B
+    ckpt = random_checkpoint(shape, "cuda", tokenizer=id_tokenizer(shape.vocab_size))
+    config = EngineConfig(
+        device="cuda",
+        kv_cache_bytes=48 * 2**30,
+        prompt_cache_bytes=0,
+        max_lanes=64,
+        max_tokens_per_round=8192,
+        prefill_chunk=512,
+        prefill_share=prefill_share,
+    )
+    return build_engine(checkpoint=ckpt, config=config)
+
+
 def one_run(engine, prompts, params, salt: str) -> dict:
     before = engine.metrics.num_rounds
     start = time.perf_counter()
@@ -71,17 +88,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/c64-rounds-h200.json")
     args = ap.parse_args()
     shape = LLAMA_31_8B
-    ckpt = random_checkpoint(shape, "cuda", tokenizer=id_tokenizer(shape.vocab_size))
-    config = EngineConfig(
-        device="cuda",
-        kv_cache_bytes=48 * 2**30,
-        prompt_cache_bytes=0,
-        max_lanes=64,
-        max_tokens_per_round=8192,
-        prefill_chunk=512,
-        prefill_share=args.prefill_share,
-    )
-    engine = build_engine(checkpoint=ckpt, config=config)
+    engine = c64_engine(args.prefill_share)
     greedy = SamplingParams(max_tokens=args.new, ignore_eos=True)
     seeded = dataclasses.replace(greedy, temperature=0.7, top_p=0.9, seed=5)
     engine.generate(

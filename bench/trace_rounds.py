@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.c64_rounds import split_rounds
-from bench.shapes import LLAMA_31_8B, id_tokenizer, random_checkpoint, synthetic_prompt
-from lanes import EngineConfig, SamplingParams, build_engine
+from bench.c64_rounds import c64_engine, split_rounds
+from bench.shapes import LLAMA_31_8B, synthetic_prompt
+from lanes import SamplingParams
 
 _SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 
@@ -62,16 +62,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/trace-rounds-h200.json")
     args = ap.parse_args()
     shape = LLAMA_31_8B
-    ckpt = random_checkpoint(shape, "cuda", tokenizer=id_tokenizer(shape.vocab_size))
-    config = EngineConfig(
-        device="cuda",
-        kv_cache_bytes=48 * 2**30,
-        prompt_cache_bytes=0,
-        max_lanes=64,
-        max_tokens_per_round=8192,
-        prefill_chunk=512,
-    )
-    engine = build_engine(checkpoint=ckpt, config=config)
+    engine = c64_engine()
     params = SamplingParams(max_tokens=args.new, ignore_eos=True)
     warm = [synthetic_prompt(shape.vocab_size, 512, 5000 + i) for i in range(args.lanes)]
     engine.generate(warm, params, cache_salt="warm")  # a whole run first: every bucket captured

@@ -38,7 +38,7 @@ from lanes.grammar import GrammarCompiler, apply_mask
 from lanes.inflight import InFlight, launch_samples
 from lanes.lane import Lane, LaneState
 from lanes.launched_chunks import LaunchedChunks
-from lanes.metrics import EngineMetrics, RoundRecord
+from lanes.metrics import EngineMetrics, RoundRecord, add_counts
 from lanes.models import Checkpoint
 from lanes.penalties import process_logits
 from lanes.recurrent import RecurrentStates
@@ -1077,8 +1077,9 @@ class Engine:
         self._chunks.settle()  # at most the chunk in flight: what it computed is kept
         self._publish(lane)
         self.cache.release(lane.block_table.clear())
-        self._free_slots.append(lane.slot)
-        lane.slot = -1
+        if lane.slot >= 0:
+            self._free_slots.append(lane.slot)
+            lane.slot = -1
         if self.recurrent is not None:
             self.recurrent.release(lane)
         if self.proposer is not None:
@@ -1088,11 +1089,8 @@ class Engine:
         self.metrics.num_drafted += lane.num_drafted
         self.metrics.num_accepted += lane.num_accepted
         self.metrics.num_verify_steps += lane.num_verify_steps
-        for mine, total in ((lane.drafted_at, self.metrics.drafted_at),
-                            (lane.accepted_at, self.metrics.accepted_at)):  # fmt: skip
-            total.extend([0] * (len(mine) - len(total)))
-            for j, n in enumerate(mine):
-                total[j] += n
+        add_counts(self.metrics.drafted_at, lane.drafted_at)
+        add_counts(self.metrics.accepted_at, lane.accepted_at)
         if lane.finish_reason == "length":
             lane.text += lane.detokenizer.flush()
         if lane in self.running:

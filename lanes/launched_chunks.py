@@ -58,4 +58,5 @@ class LaunchedChunks:
             if event is not None:
                 event.synchronize()
             for lane, end in ends:
-                lane.num_computed = max(lane.num_computed, end)
+                if not lane.is_finished:  # a lane that failed in the same forward is gone
+                    lane.num_computed = max(lane.num_computed, end)

@@ -17,6 +17,13 @@ class RoundRecord:
     overlapped: bool = False  # launched on the previous round's device tokens (lanes.inflight)
 
 
+def add_counts(total: list[int], more: list[int]) -> None:
+    """Add per-position counts into `total` (growing it as needed)."""
+    total.extend([0] * (len(more) - len(total)))
+    for j, n in enumerate(more):
+        total[j] += n
+
+
 @dataclass
 class EngineMetrics:
     recent: deque[RoundRecord] = field(default_factory=lambda: deque(maxlen=1024))
