@@ -40,7 +40,7 @@ def upload_params(params: Sequence[SamplingParams | None], device):
 
 
 class ParamsOnDevice:
-    """The device copy of the last rows' sampling parameters, kept by its owner (the engine):
+    """The device copy of the last rows' sampling parameters, kept by the runner:
     steady decode samples the same lanes round after round, so only their positions need to
     travel. New parameters get new tensors; a launch in flight keeps reading its own."""
 

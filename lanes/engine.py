@@ -23,7 +23,7 @@ from lanes.cache.prompt_cache import PromptCache
 from lanes.chat import Chat
 from lanes.config import ConfigError, EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
-from lanes.device_sampling import ParamsOnDevice, sample_rows, to_host
+from lanes.device_sampling import sample_rows, to_host
 from lanes.draft_costs import (
     DEVICE_MEASURE,
     DEVICE_PAUSE,
@@ -162,7 +162,6 @@ class Engine:
         # one, and only completed ones count as computed (lanes/launched_chunks.py)
         self._chunks = LaunchedChunks(torch.cuda.Event if on_cuda else None)
         self.round_clock = RoundClock(on_cuda)  # rounds' device time, for the share allocator
-        self._row_params = ParamsOnDevice()  # the sampled rows' parameters, kept on the device
         self._last_round_end = clock()
         self.draft_costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
         self._num_decoding = 0  # decode lanes of the round being planned
@@ -376,7 +375,9 @@ class Engine:
         hidden = None
         if self._observing and any(self._drafting(s.lane) for s in steps):
             hidden = self.runner.last_hidden[: len(steps)].clone()
-        return launch_samples(steps, logits, self.ops.name == "triton", hidden, self._row_params)
+        return launch_samples(
+            steps, logits, self.ops.name == "triton", hidden, self.runner.row_params
+        )
 
     def _launch_deferred(self, group: tuple[Step, ...]) -> list[Completion]:
         """Run the forward and sample it on the device; its tokens are taken next step."""
@@ -787,7 +788,7 @@ class Engine:
             rows = logits
             if len(where) < logits.shape[0]:
                 rows = logits[torch.tensor(where).to(logits.device, non_blocking=True)]
-            parts += sample_rows(rows, how, True, self._row_params)
+            parts += sample_rows(rows, how, True, self.runner.row_params)
         values = to_host(*parts, *sources)
         by_source = {id(src): v for src, v in zip(sources, values[len(parts) :], strict=True)}
         steps = [

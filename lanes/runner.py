@@ -9,6 +9,7 @@ import torch
 from lanes.batch import ForwardBatch, SeqSlice, fill_pending
 from lanes.block_tables import BlockTables
 from lanes.cache.kv_pool import KVPool
+from lanes.device_sampling import ParamsOnDevice
 from lanes.lane_rows import LaneRows
 from lanes.models.decoder import Decoder
 
@@ -22,6 +23,7 @@ class ModelRunner:
         self.num_blocks = kv.num_blocks - 1  # blocks the engine hands out (see build_runner)
         self.device = device
         self.tables = tables  # every lane's blocks by slot, on the host and the device
+        self.row_params = ParamsOnDevice()  # the sampled rows' parameters, on the device
         self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
         self.comm = decoder.comm  # tensor parallel: rank 0 announces each forward to the others
         # the latest forward's final-norm rows, lane after lane (num_tokens rows each); a view
