@@ -16,28 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-
-class BlockTableRow:
-    """One slot's blocks on the host, with the KV slot of every position they hold (so slot
-    lists are list slices, as in cache.block_table.BlockTable)."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.blocks: list[int] = []
-        self._slots: list[int] = []
-
-    def set(self, blocks: Sequence[int], keep: int) -> None:
-        """Hold `blocks`, of which the first `keep` are already held."""
-        bs = self.block_size
-        del self.blocks[keep:], self._slots[keep * bs :]
-        for b in blocks[keep:]:
-            self.blocks.append(b)
-            self._slots.extend(range(b * bs, (b + 1) * bs))
-
-    def slots(self, start: int, end: int) -> list[int]:
-        if end > len(self._slots):
-            raise IndexError(f"positions up to {end} with {len(self.blocks)} blocks")
-        return self._slots[start:end]
+from lanes.cache.block_table import BlockTable
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -53,7 +32,7 @@ class BlockTables:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.device = device
-        self.rows: list[BlockTableRow] = []
+        self.rows: list[BlockTable] = []  # each slot's blocks on the host (a mirror)
         self.table = torch.zeros((0, max_blocks), dtype=torch.int32, device=device)
         self._grow(num_slots)
         # (slot, index) -> block, to send: one value per entry, the latest (the device's scatter
@@ -68,9 +47,9 @@ class BlockTables:
         table = torch.zeros((num_slots, self.max_blocks), dtype=torch.int32, device=self.device)
         table[: self.table.shape[0]] = self.table
         self.table = table
-        self.rows += [BlockTableRow(self.block_size) for _ in range(num_slots - len(self.rows))]
+        self.rows += [BlockTable(self.block_size) for _ in range(num_slots - len(self.rows))]
 
-    def row(self, slot: int) -> BlockTableRow:
+    def row(self, slot: int) -> BlockTable:
         return self.rows[slot]
 
     def sync(self, slot: int, blocks: Sequence[int]) -> None:
@@ -84,7 +63,8 @@ class BlockTables:
         keep = common_prefix(row.blocks, blocks)
         if keep == len(blocks) == len(row.blocks):
             return
-        row.set(blocks, keep)
+        row.truncate(keep * self.block_size)
+        row.append(list(blocks[keep:]))
         for i in range(keep, len(blocks)):
             self._changes[(slot, i)] = blocks[i]
 

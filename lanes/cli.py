@@ -329,7 +329,7 @@ def _models(args: argparse.Namespace) -> int:
         print(f"  tokenizer    {snapshot}")
     elif gguf.is_file():
         tokenizer = resolve.export_tokenizer(
-            resolve.open_gguf(gguf), resolve.default_tokenizer_dir()
+            lambda: resolve.open_gguf(gguf), resolve.default_tokenizer_dir()
         )
         print(f"  weights      {gguf}")
         print(

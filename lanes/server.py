@@ -354,13 +354,10 @@ class _Context:
     def _log_request(self) -> None:
         """One line per request once every choice has ended."""
         ended = [self._outcomes[i] for i in range(len(self.handles))]
-        done = [c for c in ended if not isinstance(c, str)]
+        done = {i: c for i, c in enumerate(ended) if not isinstance(c, str)}
         outcome = "error" if "error" in ended else "aborted" if "abort" in ended else "ok"
-        per_prompt = len(self.parsed.params)
-        prompt = sum(h.prompt_len for h in self.handles[::per_prompt])
-        cached = sum(c.cached_tokens for i, c in enumerate(ended) if i % per_prompt == 0
-                     and not isinstance(c, str))  # fmt: skip
-        ttfts = [c.ttft for c in done if c.ttft is not None]
+        tokens = self._finish(done)  # the response's usage
+        ttfts = [c.ttft for c in done.values() if c.ttft is not None]
         log.info(
             "request %s: %s | %d choice%s | prompt %d tokens (%d cached) | completion %d tokens "
             "| TTFT %s | %.3f s | finish %s",
@@ -368,12 +365,12 @@ class _Context:
             outcome,
             len(ended),
             "" if len(ended) == 1 else "s",
-            prompt,
-            cached,
-            sum(len(c.token_ids) for c in done),
+            tokens["prompt_tokens"],
+            tokens["prompt_tokens_details"]["cached_tokens"],
+            tokens["completion_tokens"],
             f"{min(ttfts):.3f} s" if ttfts else "-",
             time.perf_counter() - self.started,
-            ",".join(sorted({finish_reason(c) for c in done})) or "-",
+            ",".join(sorted({finish_reason(c) for c in done.values()})) or "-",
         )
 
     async def _events(self) -> AsyncIterator[tuple[int, object]]:

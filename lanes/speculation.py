@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lanes.metrics import add_counts
 from lanes.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -49,17 +50,10 @@ def record_verify(lane: Lane, num_drafts: int, num_accepted: int) -> None:
     lane.num_drafted += num_drafts
     lane.num_accepted += num_accepted
     lane.num_verify_steps += 1
-    add_at(lane.drafted_at, num_drafts)
-    add_at(lane.accepted_at, num_accepted)
+    add_counts(lane.drafted_at, [1] * num_drafts)  # positions 0..k-1 were drafted
+    add_counts(lane.accepted_at, [1] * num_accepted)
     if num_drafts:
         lane.acceptance_ema = (1 - _EMA) * lane.acceptance_ema + _EMA * num_accepted / num_drafts
-
-
-def add_at(counts: list[int], n: int) -> None:
-    """One more at each of positions 0..n-1 (growing the list as needed)."""
-    counts.extend([0] * (n - len(counts)))
-    for j in range(n):
-        counts[j] += 1
 
 
 def verify(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from lanes.config import ConfigError, cache_dir, hub_offline
@@ -84,7 +85,7 @@ def open_default() -> Checkpoint:
         path = default_gguf()
         _notice(f"the Hugging Face hub could not be reached; the default model comes from {path}")
         checkpoint = open_gguf(path)
-        export_tokenizer(checkpoint, default_tokenizer_dir())
+        export_tokenizer(lambda: checkpoint, default_tokenizer_dir())
         return checkpoint
 
 
@@ -93,17 +94,18 @@ def default_tokenizer_dir() -> Path:
     return cache_dir() / DEFAULT_MODEL.split("/")[-1]
 
 
-def export_tokenizer(checkpoint: Checkpoint, directory: Path) -> Path | None:
-    """The checkpoint's tokenizer as an HF tokenizer directory (tokenizer.json and
-    tokenizer_config.json with the chat template), written once: what tools that count tokens on
-    the client read (guidellm --processor, aiperf --tokenizer, transformers' AutoTokenizer). A
-    cache that cannot be written is reported, not fatal: the model still serves."""
+def export_tokenizer(checkpoint: Callable[[], Checkpoint], directory: Path) -> Path | None:
+    """The tokenizer of checkpoint() (opened only when the directory lacks it) as an HF
+    tokenizer directory (tokenizer.json and tokenizer_config.json with the chat template),
+    written once: what tools that count tokens on the client read (guidellm --processor, aiperf
+    --tokenizer, transformers' AutoTokenizer). A cache that cannot be written is reported, not
+    fatal: the model still serves."""
     if (directory / "tokenizer.json").is_file():
         return directory
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=directory.parent))
-        checkpoint.tokenizer.save(tmp)
+        checkpoint().tokenizer.save(tmp)
         try:
             tmp.replace(directory)  # atomic: a concurrent run never sees half a directory
         except OSError:  # another run wrote it first
