@@ -1,11 +1,11 @@
-"""Prefill GEMM tiles: the batch-invariant matmul's one-program path (M > 64) launched with larger
-tiles, more warps and pipeline stages, on the 8B layer shapes at M = 8192: time per call against
-cuBLAS, and whether every row still has the bits of the decode path (M = 1 and 37).
+"""Prefill GEMM tiles: the batch-invariant matmul's one-program path (M > 64) with pointer loads,
+and the tensor-descriptor kernel in several tile layouts, on the 8B layer shapes at M = 8192:
+time per call against cuBLAS, and whether every row still has the bits of the decode path (M = 1
+and 37).
 
     python -m bench.bench_prefill_tiles [--rows 8192] [--out FILE]
 
-An experiment for the next kernel change (issue 17, prefill at tensor-core speed): the engine
-itself launches the 64 x 64 tiles of kernels/matmul.py.
+The experiment behind matmul's prefill tiles (issue 17, prefill at tensor-core speed).
 """
 
 from __future__ import annotations
@@ -21,26 +21,31 @@ from bench.bench_matmul import event_us
 from bench.kernel_check import LAYERS_8B
 from lanes.kernels import matmul
 
-VARIANTS = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is what matmul launches
-    (64, 64, 4, 3),
-    (128, 64, 4, 3),
-    (64, 128, 4, 3),
-    (128, 128, 4, 3),
-    (128, 128, 8, 3),
-    (128, 128, 8, 4),
-    (128, 256, 8, 3),
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of _matmul_kernel's one-program path (pointer loads),
+# what matmul launched for M > 64 before the tensor-descriptor kernel
+POINTER_TILES = (128, 128, 8, 4)
+TMA_VARIANTS = [
+    matmul.PrefillTiles(128, 128, num_stages=4),
+    matmul.PrefillTiles(128, 128, num_stages=3),
+    matmul.PrefillTiles(128, 128, num_stages=4, flatten=True),
+    matmul.PrefillTiles(128, 128, num_stages=4, group_m=1),
+    matmul.PrefillTiles(128, 256, num_stages=3),
+    matmul.PrefillTiles(128, 256, num_stages=4),
+    matmul.PrefillTiles(256, 128, num_stages=3),
+    matmul.PrefillTiles(128, 128, num_warps=4, num_stages=4),
 ]
 
 
-def launch(x, w, out, plan, block_m, block_n, warps, stages):
+def launch_pointer_tiles(x, w, out, plan):
+    block_m, block_n, warps, stages = POINTER_TILES
     m, k = x.shape
     n = w.shape[0]
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     matmul._matmul_kernel[grid](
-        x, w, out, out, out, out, m, n, k, x.stride(0), w.stride(0), k // plan.split,
-        SPLIT=plan.split, PARTIAL=False, HAS_BIAS=False, UPCAST=False,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=matmul.BLOCK_K,
-        num_warps=warps, num_stages=stages,
+        x, w, out, out, out, out, out, out, m, n, k, x.stride(0), w.stride(0), 0,
+        k // plan.split, SPLIT=plan.split, PARTIAL=False, HAS_BIAS=False, UPCAST=False,
+        PACKED=False, BITS=0, GROUP=0, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=matmul.BLOCK_K, PDL=False, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -51,14 +56,17 @@ def shape_row(n: int, k: int, rows: int, plan) -> dict:
     flops = 2 * rows * n * k
     row = {"plan": [plan.block_n, plan.split], "cublas_us": event_us(lambda: F.linear(x, w), 7)}
     row["cublas_tflops"] = flops / row["cublas_us"] / 1e6
-    for v in VARIANTS:
+    variants = {f"pointer {POINTER_TILES}": lambda o: launch_pointer_tiles(x, w, o, plan)}
+    for t in TMA_VARIANTS:
+        variants[f"tma {t}"] = lambda o, t=t: matmul.matmul_tiles(x, w, None, o, plan.split, t)
+    for key, fn in variants.items():
         out = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16)
         try:
-            us = event_us(lambda o=out, v=v: launch(x, w, o, plan, *v), 7)
+            us = event_us(lambda o=out, fn=fn: fn(o), 7)
         except Exception as e:  # out of shared memory, etc.
-            row[str(v)] = {"error": str(e)[:120]}
+            row[key] = {"error": str(e)[:160]}
             continue
-        row[str(v)] = {
+        row[key] = {
             "us": us,
             "tflops": flops / us / 1e6,
             "rows_equal_decode": bool(torch.equal(out[:37], decode)),

@@ -1,7 +1,9 @@
 """Engine speed on random-weight models of real shapes: batch-1 decode and long-prompt prefill,
-exact mode (Triton kernels) against fast mode (cuBLAS + SDPA), alternating, medians.
+exact mode (Triton kernels) against fast mode (cuBLAS + SDPA), alternating, medians; in the same
+run, the peers: gpt-fast's batch-1 decode (`--peers DIR`, the folder of ../shared/peers) and
+transformers' own Llama forward with SDPA attention over the same prompt lengths (`--hf`).
 
-    python -m bench.bench_speed [--device cuda] [--repeats 3] [--skip-32k]
+    python -m bench.bench_speed [--device cuda] [--repeats 3] [--skip-32k] [--peers .peers] [--hf]
 
 Writes bench/results/speed-<device>.json; bench/RESULTS.md quotes it.
 """
@@ -11,6 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,12 +62,67 @@ def alternate(engines: dict, fn, repeats: int) -> dict:
     return {m: {"median": statistics.median(v), "runs": v} for m, v in runs.items()}
 
 
+def gptfast_tok_s(peers: str, shapes: list[str], new_tokens: int) -> dict:
+    """gpt-fast's batch-1 decode per shape, run by the peers' own runner in a child process (its
+    torch.compile state and memory stay out of ours)."""
+    cmd = [sys.executable, str(Path(peers) / "run_gptfast.py"), *shapes, "--new", str(new_tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode:
+        raise RuntimeError(f"run_gptfast failed: {done.stderr[-2000:]}")
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    return {x["shape"]: x for x in lines}
+
+
+def hf_prefill_s(config, lengths: list[int], repeats: int) -> dict:
+    """transformers' LlamaForCausalLM (random bf16 weights of the shape, SDPA attention): seconds
+    of one forward over a prompt of each length, only the last position's logits, medians."""
+    import transformers
+
+    hf_config = transformers.LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        max_position_embeddings=max(lengths),
+        attn_implementation="sdpa",
+    )
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(hf_config).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    out = {}
+    with torch.no_grad():
+        for length in lengths:
+            runs = []
+            for i in range(repeats + 1):
+                ids = torch.randint(0, config.vocab_size, (1, length), device="cuda")
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                model(ids, logits_to_keep=1, use_cache=False)
+                torch.cuda.synchronize()
+                if i:
+                    runs.append(time.perf_counter() - start)
+            out[f"prefill_{length}_s"] = {"median": statistics.median(runs), "runs": runs}
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--skip-32k", action="store_true")
+    ap.add_argument("--peers", help="the peers folder (../shared/peers copied in): run gpt-fast")
+    ap.add_argument("--hf", action="store_true", help="time transformers' SDPA prefill too")
     args = ap.parse_args()
     report = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
@@ -108,9 +168,23 @@ def main() -> None:
                 args.repeats,
             )
         report[name] = entry
-        print(name, json.dumps(entry, indent=1), flush=True)
         del engines
         torch.cuda.empty_cache()
+        if args.hf and prefills:
+            entry["hf_sdpa"] = hf_prefill_s(config, prefills, args.repeats)
+            for length in prefills:
+                key = f"prefill_{length}_s"
+                entry[f"{key}_exact_over_hf"] = (
+                    entry[key]["exact"]["median"] / entry["hf_sdpa"][key]["median"]
+                )
+        print(name, json.dumps(entry, indent=1), flush=True)
+    if args.peers:
+        peer = gptfast_tok_s(args.peers, ["smollm2-135m", "llama-3.1-8b"], args.new_tokens)
+        for name, run in peer.items():
+            lanes_tok_s = report[name]["decode_tok_s"]["exact"]["median"]
+            report[name]["gptfast_tok_s"] = run["decode_tok_s_median"]
+            report[name]["exact_over_gptfast"] = lanes_tok_s / run["decode_tok_s_median"]
+            print(name, "gpt-fast", run["decode_tok_s_median"], "lanes exact", lanes_tok_s)
     out = Path(__file__).parent / "results" / f"speed-{args.device}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -8,13 +8,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import FLOAT_DTYPES, check
+from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
 
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, total, width, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, total, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat index into out [M, width]
     mask = offs < total
     src = (offs // width) * 2 * width + offs % width
@@ -36,7 +37,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, width), dtype=gate_up.dtype, device=gate_up.device)
     if out.numel():
         _silu_mul_kernel[(triton.cdiv(out.numel(), BLOCK),)](
-            gate_up, out, out.numel(), width, BLOCK=BLOCK
+            gate_up, out, out.numel(), width, BLOCK=BLOCK, **pdl_launch(out.device)
         )
     return out
 

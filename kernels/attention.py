@@ -2,9 +2,11 @@
 
 Each program takes BLOCK_Q queries of one lane and the GROUP query heads that share one KV head
 (rows = query x head), and walks the lane's keys in tiles of BLOCK_N absolute positions
-(0..63, 64..127, ...), in ascending order, with an online softmax in fp32. A tile entirely past a
-row's position leaves that row's state unchanged bitwise, so a query gets the same bits whether
-it is decoded alone, verified with drafts, or computed inside any prefill chunk.
+(0..127, 128..255, ...), in ascending order, with an online softmax in fp32 (base 2). A tile
+entirely past a row's position leaves that row's state unchanged bitwise, so a query gets the
+same bits whether it is decoded alone, verified with drafts, or computed inside any prefill
+chunk. Tiles below the program's first query skip the causal mask (same bits: see _attend_tile);
+long prompts take twice the rows per program; the last query tiles start first.
 """
 
 from __future__ import annotations
@@ -15,10 +17,18 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import check, interpreting
+from lanes.kernels.common import check, interpreting, pdl_launch, wait_for_inputs
 
-BLOCK_N = 64
+# keys per tile: a row's bits depend on it (the online softmax rescales at every tile), so every
+# forward uses the same. 128 ran prefill 1.3-1.4x faster than 64 on the H200 (bench_attention)
+BLOCK_N = 128
 BLOCK_ROWS = 64  # rows per program: BLOCK_Q queries x GROUP heads, padded to a power of two
+# long prompts: twice the rows per program (8 warps), so each key tile loaded serves more queries.
+# A row's bits do not depend on how many rows share its tensor-core tile (checked on the H200:
+# bench_attention's rows_equal_decode), so decode and prefill rows still agree.
+WIDE_ROWS = 128
+WIDE_STAGES = 3
+WIDE_FROM_QUERIES = 512  # a forward with at least this many queries takes the wide tiles
 
 
 @dataclass(frozen=True)
@@ -36,13 +46,27 @@ class AttentionMeta:
     block_q: int
 
 
-def block_q_for(group: int) -> int:
-    return max(1, BLOCK_ROWS // triton.next_power_of_2(group))
+def block_q_for(group: int, rows: int = BLOCK_ROWS) -> int:
+    return max(1, rows // triton.next_power_of_2(group))
 
 
-def make_meta(seqs, group: int, device) -> AttentionMeta:
-    """seqs: iterable of (query_start, num_queries, context_len, kv_slots tensor)."""
-    bq = block_q_for(group)
+def rows_for(num_queries: int, dtype: torch.dtype, device) -> int:
+    """Rows per program for a forward of this many queries: wide tiles for long prompts on a GPU
+    in bf16/fp16; fp32 products (FMA loops whose order follows the tile) and the CPU interpreter
+    (whose numpy matmul rounds a row by its place in the tile) keep one shape."""
+    wide = (
+        num_queries >= WIDE_FROM_QUERIES
+        and dtype != torch.float32
+        and torch.device(device).type == "cuda"
+        and not interpreting()
+    )
+    return WIDE_ROWS if wide else BLOCK_ROWS
+
+
+def make_meta(seqs, group: int, device, rows: int = BLOCK_ROWS) -> AttentionMeta:
+    """seqs: iterable of (query_start, num_queries, context_len, kv_slots tensor); rows: rows per
+    program (rows_for)."""
+    bq = block_q_for(group, rows)
     tile_seq, tile_q0, q_start, num_q, first_pos, ctx_len, kv_off, slots = (
         [],
         [],
@@ -85,6 +109,64 @@ def make_meta(seqs, group: int, device) -> AttentionMeta:
 
 
 @triton.jit
+def _attend_tile(
+    q,
+    m,
+    denom,
+    acc,
+    start,
+    kv_slots_ptr,
+    kv_off,
+    ctx_len,
+    k_cache_ptr,
+    v_cache_ptr,
+    kvh,
+    HKV,
+    q_pos,
+    qk_scale,
+    d,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One key tile's step of the online softmax, in base 2 (qk_scale = log2(e) / sqrt(D), m in
+    scaled units). MASKED = False only where every key of the tile is in the context and visible
+    to every row. The mask is applied to the raw scores and the scaling is one explicit fma in
+    both kinds of tile, so a row's bits do not depend on which kind a tile was for its program
+    (left to the compiler, `s * scale - m` fused into an fma only where no mask came between)."""
+    kp = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        in_ctx = kp < ctx_len
+        slots = tl.load(kv_slots_ptr + kv_off + kp, mask=in_ctx, other=0)
+    else:
+        slots = tl.load(kv_slots_ptr + kv_off + kp)
+    kv_rows = (slots * HKV + kvh) * D
+    if MASKED:
+        k = tl.load(k_cache_ptr + kv_rows[:, None] + d[None, :], mask=in_ctx[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_rows[:, None] + d[None, :], mask=in_ctx[:, None], other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + kv_rows[:, None] + d[None, :])
+        v = tl.load(v_cache_ptr + kv_rows[:, None] + d[None, :])
+    if UPCAST:  # fp32: a true fp32 product, no TF32
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_R, BLOCK_N]
+    if MASKED:
+        visible = (kp[None, :] <= q_pos[:, None]) & in_ctx[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(tl.fma(s, qk_scale, -m_new[:, None]))
+    denom = denom * alpha + tl.sum(p, axis=1)
+    if UPCAST:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, denom, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr,  # [T, HQ, D]
     k_cache_ptr,  # [S, HKV, D]
@@ -100,15 +182,18 @@ def _paged_attention_kernel(
     kv_slots_ptr,
     HQ,
     HKV,
-    scale,
+    qk_scale,  # log2(e) / sqrt(D)
     GROUP: tl.constexpr,
     D: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    wait_for_inputs(PDL)
+    # the last query tiles (the longest causal rows) first, so the long ones do not trail
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
     q0 = tl.load(tile_q0_ptr + tile)
@@ -133,32 +218,19 @@ def _paged_attention_kernel(
     m = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
     denom = tl.zeros((BLOCK_R,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_R, D), dtype=tl.float32)
+    # key tiles every row sees whole (below the tile's first query), then the rest up to its last
+    full_end = (first_pos + q0 + 1) // BLOCK_N * BLOCK_N
     last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
-    for start in range(0, last_pos + 1, BLOCK_N):
-        kp = start + tl.arange(0, BLOCK_N)
-        in_ctx = kp < ctx_len
-        slots = tl.load(kv_slots_ptr + kv_off + kp, mask=in_ctx, other=0)
-        kv_rows = (slots * HKV + kvh) * D
-        k = tl.load(k_cache_ptr + kv_rows[:, None] + d[None, :], mask=in_ctx[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_rows[:, None] + d[None, :], mask=in_ctx[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if UPCAST:  # fp32: a true fp32 product, no TF32
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_N]
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-        visible = (kp[None, :] <= q_pos[:, None]) & in_ctx[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        if UPCAST:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+    for start in range(0, full_end, BLOCK_N):
+        m, denom, acc = _attend_tile(
+            q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+            kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, False,
+        )  # fmt: skip
+    for start in range(full_end, last_pos + 1, BLOCK_N):
+        m, denom, acc = _attend_tile(
+            q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+            kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, True,
+        )  # fmt: skip
     out = acc / denom[:, None]
     tl.store(
         out_ptr + row_off[:, None] + d[None, :],
@@ -168,9 +240,16 @@ def _paged_attention_kernel(
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMeta,
+    num_stages: int | None = None,
+    block_n: int = BLOCK_N,
 ) -> torch.Tensor:
-    """q [T, HQ, D]; caches [S, HKV, D] -> [T, HQ, D]."""
+    """q [T, HQ, D]; caches [S, HKV, D] -> [T, HQ, D]. For bench_attention's experiments:
+    num_stages, the key tiles' pipeline depth (Triton's default unless given), and block_n, the
+    key tile (a row's bits depend on it: every forward of an engine must use the same)."""
     check(
         q.dim() == 3 and k_cache.dim() == 3 and v_cache.shape == k_cache.shape,
         "q [T, HQ, D], caches [S, HKV, D]",
@@ -191,9 +270,13 @@ def paged_attention(
         "contiguous tensors only",
     )
     group = hq // hkv
-    check(meta.block_q == block_q_for(group), "meta was built for another GQA group")
+    check(
+        meta.block_q in (block_q_for(group), block_q_for(group, WIDE_ROWS)),
+        "meta was built for another GQA group",
+    )
     out = torch.empty_like(q)
     num_tiles = meta.tile_seq.shape[0]
+    block_r = max(16, triton.next_power_of_2(meta.block_q * group))
     if t and num_tiles:
         _paged_attention_kernel[(num_tiles, hkv)](
             q,
@@ -210,15 +293,25 @@ def paged_attention(
             meta.kv_slots,
             hq,
             hkv,
-            d**-0.5,
+            d**-0.5 * 1.4426950408889634,  # log2(e): the softmax runs in base 2
             GROUP=group,
             D=d,
             BLOCK_Q=meta.block_q,
-            BLOCK_R=max(16, triton.next_power_of_2(meta.block_q * group)),
-            BLOCK_N=BLOCK_N,
+            BLOCK_R=block_r,
+            BLOCK_N=block_n,
             UPCAST=interpreting() or q.dtype == torch.float32,
+            **_launch(block_r, num_stages),
+            **pdl_launch(q.device),
         )
     return out
+
+
+def _launch(block_r: int, num_stages: int | None) -> dict:
+    """Warps and pipeline stages: wide tiles take 8 warps and WIDE_STAGES (H200,
+    bench_attention: results/prefill-h200/call2)."""
+    if block_r >= WIDE_ROWS:
+        return {"num_warps": 8, "num_stages": WIDE_STAGES if num_stages is None else num_stages}
+    return {"num_warps": 4} if num_stages is None else {"num_warps": 4, "num_stages": num_stages}
 
 
 def ref_paged_attention(q, k_cache, v_cache, seqs) -> torch.Tensor:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
+
+try:  # grid dependency control (Triton >= 3.4)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: no programmatic dependent launch
+    gdc_launch_dependents = gdc_wait = None
 
 
 def interpreting() -> bool:
@@ -19,3 +27,34 @@ def check(cond: bool, message: str) -> None:
 
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _pdl_device(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Launch arguments for programmatic dependent launch: on Hopper and later, a kernel's
+    programs may start while the previous kernel's last programs run, and wait (`wait_for_inputs`)
+    only where they first touch memory. Inside a decode graph's chain of ~300 small launches that
+    hides each launch's start. Off on the CPU interpreter, before Hopper, without Triton's grid
+    dependency control, and with LANES_PDL=0 (for before/after measurements in one run)."""
+    on = (
+        device.type == "cuda"
+        and not interpreting()
+        and gdc_wait is not None
+        and os.environ.get("LANES_PDL", "1") != "0"
+        and _pdl_device(device.index if device.index is not None else torch.cuda.current_device())
+    )
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def wait_for_inputs(PDL: tl.constexpr):
+    """Under programmatic dependent launch: wait until the previous kernel has completed and its
+    writes are visible (before this program reads or writes any buffer it may touch), then let
+    the next kernel's programs start. Call first, before any load or store."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

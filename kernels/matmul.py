@@ -12,7 +12,8 @@ order and writes the tile, so the reduction costs no second launch and its order
 timing. Large M runs all segments in one program per tile with one accumulator each: the same
 sums, no workspace. Both give the same bits. The split comes from the weight's shape
 (`plan_for`), never from M; tile sizes only move a row between tensor-core tiles, which leaves its
-bits alone (checked on the H200), so prefill runs larger tiles than decode.
+bits alone (checked on the H200), so prefill runs larger tiles than decode: on Hopper through
+tensor descriptors (the TMA engine copies the tiles), in _matmul_tiles_kernel.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from lanes.kernels.common import interpreting
+from lanes.kernels.common import interpreting, pdl_launch, wait_for_inputs
 from lanes.packed import PackedWeight
 
 BLOCK_K = 64
@@ -121,7 +123,9 @@ def _matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -195,6 +199,111 @@ def _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: 
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _matmul_tiles_kernel(
+    x_desc,  # [M, K] tensor descriptor: BLOCK_M x BLOCK_K boxes, copied by the TMA engine
+    w_desc,  # [N, K] tensor descriptor: BLOCK_N x BLOCK_K boxes
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    SEG_K,  # a runtime value, as in _matmul_kernel
+    SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # row tiles per group of the launch order (L2 reuse)
+    FLATTEN: tl.constexpr,  # one software pipeline across the segments
+):
+    """Prefill tiles (M > 64 rows, bf16/fp16, Hopper): _matmul_kernel's one-program path with the
+    tiles brought in by tensor descriptors, the same segments summed in the same order, so a row
+    keeps its bits. Programs go through the tiles GROUP_M row tiles at a time, so the weight
+    columns and activation rows in flight stay in L2."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = pid // per_group * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.range(0, SPLIT, flatten=FLATTEN):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, SEG_K, BLOCK_K):
+            a = x_desc.load([pid_m * BLOCK_M, s * SEG_K + kb])
+            b = w_desc.load([pid_n * BLOCK_N, s * SEG_K + kb])
+            acc = tl.dot(a, tl.trans(b), acc)
+        total += acc
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = rn < N
+    mask = (rm < M)[:, None] & mask_n[None, :]
+    _store_tile(total, bias_ptr, out_ptr, rm[:, None] * N + rn[None, :], rn, mask, mask_n, HAS_BIAS)
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """How _matmul_tiles_kernel is launched: a function of the weight's shape, never of M."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+    flatten: bool = False
+
+
+# H200, bench_prefill_tiles at M = 8192 (results/prefill-h200/call2): 128 x 256 tiles ran the 8B
+# qkv, o and down projections at 590-750 TFLOP/s (pointer loads, 128 x 128: 420-540), 256 x 128
+# the 28,672-column gate_up at 742 (128 x 256: 637); cuBLAS 726-813
+_WIDE_WEIGHT = PrefillTiles(block_m=256, block_n=128)
+_WEIGHT = PrefillTiles(block_m=128, block_n=256)
+
+
+def prefill_tiles_for(x: torch.Tensor, w) -> PrefillTiles | None:
+    """The tensor-descriptor tiles for x @ w.T, or None where they do not apply: packed or fp32
+    weights, the CPU interpreter, GPUs before Hopper, or x not aligned for the TMA engine."""
+    if (
+        isinstance(w, PackedWeight)
+        or x.dtype == torch.float32
+        or interpreting()
+        or x.device.type != "cuda"
+        or torch.cuda.get_device_capability(x.device)[0] < 9
+        or x.data_ptr() % 16
+        or (x.stride(0) * x.element_size()) % 16
+        or w.data_ptr() % 16
+    ):
+        return None
+    return _WIDE_WEIGHT if w.shape[0] >= 16384 else _WEIGHT
+
+
+def matmul_tiles(x, w, bias, out, split: int, tiles: PrefillTiles) -> None:
+    """out = x @ w.T (+ bias) through the tensor-descriptor prefill kernel."""
+    m, k = x.shape
+    n = w.shape[0]
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
+    _matmul_tiles_kernel[grid](
+        TensorDescriptor.from_tensor(x, [tiles.block_m, BLOCK_K]),
+        TensorDescriptor.from_tensor(w, [tiles.block_n, BLOCK_K]),
+        bias if bias is not None else out,
+        out,
+        m,
+        n,
+        k // split,
+        SPLIT=split,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=BLOCK_K,
+        GROUP_M=tiles.group_m,
+        FLATTEN=tiles.flatten,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
 def matmul(
     x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -226,11 +335,11 @@ def matmul(
         return out
     plan = plan_for(n, k, target_programs(x.device))
     partial = plan.split > 1 and m <= _SMALL_M
-    # bf16/fp16: tensor-core tiles of 16, 64 and 128 rows and of 32-128 columns give a row the
+    # bf16/fp16: tensor-core tiles of 16 to 256 rows and of 32 to 256 columns give a row the
     # same bits (checked on the H200: bench.kernel_check, bench_prefill_tiles), so 17-64 rows
-    # read each weight tile once, in one 64-row tile, and prefill runs 128 x 128 tiles with
-    # deeper pipelining; fp32 products are FMA loops whose order follows the tile, so fp32 keeps
-    # one tile shape.
+    # read each weight tile once, in one 64-row tile, and prefill runs large tiles with deeper
+    # pipelining (through tensor descriptors on Hopper); fp32 products are FMA loops whose order
+    # follows the tile, so fp32 keeps one tile shape.
     launch = {}
     block_m, block_n = 16 if m <= 16 or x.dtype == torch.float32 else 64, plan.block_n
     if not partial and m > _SMALL_M and x.dtype != torch.float32 and not interpreting():
@@ -239,6 +348,10 @@ def matmul(
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     # asked on every call, so the first matmul on a device (eager, before any graph) makes them
     counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0)
+    tiles = None if partial or m <= _SMALL_M else prefill_tiles_for(x, w)
+    if tiles is not None:
+        matmul_tiles(x, w, bias, out, plan.split, tiles)
+        return out
     if partial:
         parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
         grid = (*grid_mn, plan.split)
@@ -272,6 +385,7 @@ def matmul(
         BLOCK_N=block_n,
         BLOCK_K=BLOCK_K,
         **launch,
+        **pdl_launch(x.device),
     )
     return out
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import FLOAT_DTYPES, check
+from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
 
 
 @triton.jit
@@ -20,7 +20,9 @@ def _add_rms_norm_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
@@ -68,6 +70,7 @@ def add_rms_norm(
             eps,
             HAS_RES=residual is not None,
             BLOCK=triton.next_power_of_2(d),
+            **pdl_launch(x.device),
         )
     return summed, out
 

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import FLOAT_DTYPES, check
+from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
 
 
 @triton.jit
@@ -110,7 +110,9 @@ def _rope_kv_write_kernel(
     NORM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)  # query heads first, then key/value heads
     D = 2 * HALF
@@ -197,6 +199,7 @@ def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, slots, norms=None, eps: f
             NORM=norms is not None,
             HALF=d // 2,
             BLOCK=triton.next_power_of_2(d // 2),
+            **pdl_launch(q.device),
         )
     return out
 

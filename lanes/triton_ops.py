@@ -6,7 +6,7 @@ import dataclasses
 
 from lanes.batch import ForwardBatch
 from lanes.kernels.activation import silu_mul
-from lanes.kernels.attention import make_meta, paged_attention
+from lanes.kernels.attention import make_meta, paged_attention, rows_for
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.matmul import matmul
 from lanes.kernels.rmsnorm import add_rms_norm
@@ -57,7 +57,8 @@ class TritonOps(Ops):
         meta = batch.attn_meta.get(group)
         if meta is None:
             seqs = [(s.query_start, s.num_queries, s.context_len, s.kv_slots) for s in batch.seqs]
-            meta = batch.attn_meta[group] = make_meta(seqs, group, q.device)
+            rows = rows_for(q.shape[0], q.dtype, q.device)
+            meta = batch.attn_meta[group] = make_meta(seqs, group, q.device, rows)
         return paged_attention(q.contiguous(), k_cache, v_cache, meta)
 
 

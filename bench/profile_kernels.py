@@ -1,0 +1,93 @@
+"""Where the device time goes, kernel by kernel: torch.profiler over one long prompt's prefill
+and over steady batch-1 decode steps, the CUDA kernels' time summed by kernel name. Exact mode,
+CUDA graphs, random bf16 weights of real shapes.
+
+    python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.profile_busy import settle
+from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
+from lanes import EngineConfig, SamplingParams, build_engine
+
+
+def by_name(prof, per: int) -> dict:
+    """Kernel µs and launches per `per` (a step, or 1 for a whole prefill), largest first."""
+    total, count = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name[:60]
+            total[name] += e.time_range.end - e.time_range.start
+            count[name] += 1
+    rows = {n: {"us": total[n] / per, "launches": count[n] / per} for n, _ in total.most_common()}
+    return {"device_ms": sum(total.values()) / per / 1e3, "kernels": rows}
+
+
+def prefill_profile(engine, vocab: int, length: int) -> dict:
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    engine.generate([synthetic_prompt(vocab, length, 1)], params, cache_salt="warm")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.generate([synthetic_prompt(vocab, length, 2)], params, cache_salt="timed")
+        torch.cuda.synchronize()
+    return by_name(prof, 1)
+
+
+def decode_profile(engine, vocab: int, steps: int) -> dict:
+    settle(engine, vocab, 1, 128, steps)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    while engine.has_work():
+        engine.step()
+    return by_name(prof, steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3.1-8b"])
+    ap.add_argument("--out", default="bench/results/profile-kernels-h200.json")
+    args = ap.parse_args()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    base = dict(
+        device="cuda",
+        kv_cache_bytes=12 * 2**30,
+        prompt_cache_bytes=0,
+        prefill_chunk=32768,
+        max_tokens_per_round=32768,
+    )
+    for name, shape in (("smollm2-135m", SMOLLM2_135M), ("llama-3.1-8b", LLAMA_31_8B)):
+        if name not in args.shapes:
+            continue
+        engine = build_engine(
+            checkpoint=random_checkpoint(shape, "cuda"), config=EngineConfig(**base)
+        )
+        report[f"{name} decode batch 1"] = decode_profile(engine, shape.vocab_size, args.steps)
+        if name == "llama-3.1-8b":
+            report[f"{name} prefill {args.prefill}"] = prefill_profile(
+                engine, shape.vocab_size, args.prefill
+            )
+        del engine
+        torch.cuda.empty_cache()
+    for key, value in report.items():
+        if isinstance(value, dict):
+            top = list(value["kernels"].items())[:8]
+            print(key, f"{value['device_ms']:.3f} ms", json.dumps(top), flush=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
