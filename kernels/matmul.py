@@ -125,7 +125,6 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -139,6 +138,7 @@ def _matmul_kernel(
     else:
         first = 0
         last = SPLIT
+    wait_for_inputs(PDL)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(first, last):
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
