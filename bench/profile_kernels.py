@@ -3,6 +3,9 @@ and over steady batch-1 decode steps, the CUDA kernels' time summed by kernel na
 CUDA graphs, random bf16 weights of real shapes.
 
     python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--out FILE]
+
+Under programmatic dependent launch (kernels/common.pdl_launch) a kernel's span includes the time
+its programs waited for the previous kernel: run with LANES_PDL=0 for per-kernel device times.
 """
 
 from __future__ import annotations
