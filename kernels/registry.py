@@ -4,12 +4,22 @@ ships untested; `lanes kernels` prints it with each kernel's last GPU check."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from lanes.kernels import activation, attention, kv_write, matmul, rmsnorm, rope, sampling
+from lanes.kernels import (
+    activation,
+    attention,
+    delta_rule,
+    kv_write,
+    matmul,
+    rmsnorm,
+    rope,
+    sampling,
+)
 
 Case = tuple  # positional arguments for both the kernel and its reference
 
@@ -214,6 +224,53 @@ def _sampling_cases(dtype, device, gen):
     return out
 
 
+def _delta_cases(dtype, device, gen):
+    """One lane's rows through a DeltaNet layer (2 key heads over 4 value heads, dk = dv = 16,
+    a 4-tap conv): 1, 5 and 9 rows, with and without the per-row states kept."""
+    from lanes.delta_rule import DeltaRuleWeights
+
+    hk, hv, d, kernel = 2, 4, 16, 4
+    conv_dim = 2 * hk * d + hv * d
+    out = []
+    for rows, keep in [(1, False), (5, True), (9, False)]:
+        w = DeltaRuleWeights(
+            taps=_rand((conv_dim, kernel), torch.float32, device, gen, 0.5),
+            neg_a=-torch.rand(hv, generator=gen).to(device),
+            dt_bias=_rand((hv,), torch.float32, device, gen),
+            norm=(1 + _rand((d,), torch.float32, device, gen, 0.1)).to(dtype),
+            key_heads=hk,
+            value_heads=hv,
+            key_dim=d,
+            value_dim=d,
+            eps=1e-6,
+        )
+        fused = _rand((rows, conv_dim + hv * d + 2 * hv), dtype, device, gen)
+        mixed, z, b, a = fused.split([conv_dim, hv * d, hv, hv], dim=1)  # views, as in the model
+        conv = _rand((conv_dim, kernel - 1), torch.float32, device, gen)
+        state = _rand((hv, d, d), torch.float32, device, gen, 0.1)
+        out.append((mixed, z, b, a, conv, state, w, keep))
+    return out
+
+
+def _tensors(fn):
+    """A delta-rule form whose per-row (conv, state) list comes back as two stacked tensors."""
+
+    @functools.wraps(fn)
+    def run(*case):
+        out, conv, state, kept = fn(*case)
+        if kept is None:
+            return out, conv, state
+        return (
+            out,
+            conv,
+            state,
+            torch.stack([c for c, _ in kept]),
+            torch.stack([s for _, s in kept]),
+        )
+
+    return run
+
+
 _LOW = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (5e-3, 5e-3)}
 
 REGISTRY: list[KernelSpec] = [
@@ -296,9 +353,19 @@ REGISTRY: list[KernelSpec] = [
         attention.ref_paged_attention,
         (torch.float32, torch.bfloat16, torch.float16),
         True,
-        "head_dim a power of two >= 16; GQA; keys in 64-position absolute tiles",
+        "head_dim a power of two >= 16; GQA; keys in 128-position absolute tiles",
         _LOW,
         _attention_cases,
+    ),
+    KernelSpec(
+        "gated_delta",
+        _tensors(delta_rule.gated_delta),
+        _tensors(delta_rule.ref_gated_delta),
+        (torch.float32, torch.bfloat16),
+        True,
+        "one lane's rows; dk, dv powers of two; one program per value head, rows in order",
+        _LOW,
+        _delta_cases,
     ),
     KernelSpec(
         "greedy_tokens",

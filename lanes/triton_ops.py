@@ -7,6 +7,7 @@ import dataclasses
 from lanes.batch import ForwardBatch
 from lanes.kernels.activation import silu_mul
 from lanes.kernels.attention import make_meta, paged_attention, rows_for
+from lanes.kernels.delta_rule import gated_delta
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.matmul import matmul
 from lanes.kernels.rmsnorm import add_rms_norm
@@ -51,6 +52,11 @@ class TritonOps(Ops):
 
     def rope(self, x, cos, sin):
         return rope(x.contiguous(), cos, sin)
+
+    def delta_rule(self, mixed, z, b, a, conv, state, w, keep):
+        """One launch for a lane's rows (a program per value head walks them in order) instead
+        of a dozen torch calls per row and layer."""
+        return gated_delta(mixed, z, b, a, conv, state, w, keep)
 
     def attention(self, q, k_cache, v_cache, batch):
         group = q.shape[1] // k_cache.shape[1]

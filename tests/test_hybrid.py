@@ -295,8 +295,8 @@ def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_on_the_gpu_concurrent_equals_solo_and_drafted_equals_undrafted(hybrid, params):
-    """The hybrid path on CUDA (Triton linears and attention, the recurrence in torch, eager):
-    the same equalities, bitwise."""
+    """The hybrid path on CUDA (Triton linears, attention and delta rule, eager): the same
+    equalities, bitwise."""
     cfg = EngineConfig(device="cuda", num_draft_tokens=4, adaptive_drafts=False)
     engine = build_engine(str(hybrid[0]), cfg)
     solo, batched = _solo_and_batched(engine, params)
@@ -338,3 +338,44 @@ def test_state_pool_reruns_a_failed_forward_from_its_backup():
     assert torch.equal(pool.read(slot, 0, 9)[0], torch.full((3, 2), 5.0))
     with pytest.raises(AssertionError, match="holds position 9"):
         pool.read(slot, 0, 7)
+
+
+def test_on_the_triton_ops_the_delta_rule_kernel_keeps_the_equalities(tiny_models):
+    """The hybrid through the Triton ops (interpreted on the CPU, native on a GPU), whose
+    DeltaNet layers run kernels/delta_rule.py: greedy tokens equal transformers', and prefill
+    chunking, batching and drafting (the kept per-row states rolled back) change no bit."""
+    path, hf = tiny_models["qwen3_5"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = dict(kernels="triton", device=device, dtype="float32")
+    engine = build_engine(str(path), EngineConfig(**base))
+    assert engine.ops.name == "triton"
+    ids = engine.tokenizer.encode(PROMPTS[0])
+    assert len(ids) > 16  # two prefill chunks below
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    (out,) = engine.generate([ids], params)
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert out.token_ids == ref[0, len(ids) :].tolist()
+
+    chunked = build_engine(str(path), EngineConfig(**base, prefill_chunk=16))
+    (again,) = chunked.generate([ids], params)
+    assert (again.token_ids, again.logprobs) == (out.token_ids, out.logprobs)
+
+    prompts = [PROMPTS[1], PROMPTS[3]]
+    seeded = dataclasses.replace(SEEDED, max_tokens=6)
+    solo = [engine.generate([p], seeded)[0] for p in prompts]
+    batched = engine.generate(prompts, seeded)
+    for s, b in zip(solo, batched, strict=True):
+        assert (b.token_ids, b.logprobs) == (s.token_ids, s.logprobs)
+
+    drafting = build_engine(
+        str(path), EngineConfig(**base, num_draft_tokens=3, adaptive_drafts=False)
+    )
+    records = {tuple(drafting.encode(p)): s.token_ids for p, s in zip(prompts, solo, strict=True)}
+    drafting.proposer = ReplayProposer(records, 0.5, drafting.model_config.vocab_size)
+    drafted = drafting.generate(prompts, seeded, cache_salt="drafted")
+    assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
+    for d, s in zip(drafted, solo, strict=True):
+        assert (d.token_ids, d.logprobs) == (s.token_ids, s.logprobs)
+    drafting.check_integrity()

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from lanes.kernels import attention, matmul
+from lanes.kernels import attention, delta_rule, matmul
 from lanes.kernels.registry import REGISTRY, attention_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,6 +47,7 @@ def test_registry_is_complete():
         "rope_kv_write",
         "kv_write",
         "paged_attention",
+        "gated_delta",
         "greedy_tokens",
         "sample_tokens",
     }
@@ -55,6 +56,37 @@ def test_registry_is_complete():
         for s in REGISTRY
     )
     assert lanes.kernels.__doc__
+
+
+def test_gated_delta_rows_do_not_depend_on_the_split():
+    """A lane's rows through the delta-rule kernel in one launch, or split as prefill chunks,
+    decode and verify split them (the conv window and state carried from launch to launch):
+    every row and the final state bitwise equal; the kept per-row states equal the carried ones."""
+    from lanes.kernels.registry import _delta_cases
+
+    gen = torch.Generator().manual_seed(3)
+    mixed, z, b, a, conv, state, w, _ = _delta_cases(torch.float32, DEVICE, gen)[2]  # 9 rows
+    whole, conv_end, state_end, kept = delta_rule.gated_delta(
+        mixed, z, b, a, conv, state, w, keep=True
+    )
+    for cuts in ([4, 5], [1, 1, 7], [3, 3, 3]):
+        c, s, start, parts = conv, state, 0, []
+        for n in cuts:
+            rows = slice(start, start + n)
+            out, c, s, _ = delta_rule.gated_delta(
+                mixed[rows], z[rows], b[rows], a[rows], c, s, w, False
+            )
+            parts.append(out)
+            assert torch.equal(s, kept[start + n - 1][1]) and torch.equal(c, kept[start + n - 1][0])
+            start += n
+        assert torch.equal(torch.cat(parts), whole), cuts
+        assert torch.equal(s, state_end) and torch.equal(c, conv_end)
+    # negative control: the state carried but not the conv window, and the later rows change
+    first, _, s, _ = delta_rule.gated_delta(mixed[:4], z[:4], b[:4], a[:4], conv, state, w, False)
+    rest, _, _, _ = delta_rule.gated_delta(
+        mixed[4:], z[4:], b[4:], a[4:], torch.zeros_like(conv), s, w, False
+    )
+    assert torch.equal(first, whole[:4]) and not torch.equal(rest, whole[4:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

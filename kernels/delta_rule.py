@@ -1,0 +1,178 @@
+"""A DeltaNet layer's conv and gated delta rule for one lane's rows (lanes/delta_rule.py gives the
+math): one program per value head and block of value columns holding its part of the state S
+[dk, dv] in registers across the rows, then one program per row and head for the gated RMSNorm
+(which needs the whole head).
+
+Each row is the same computation on tiles whose shapes come from the model alone, rows taken in
+ascending order, so a position's bits do not depend on how the lane's rows are split into
+forwards (prefill chunks, decode, verify) or on other lanes: the conv's taps summed in order, the
+L2 norms and S^T k, S^T q as reductions over dk, the gated RMSNorm over dv, the same layouts in
+every launch. The new conv window (the last kernel - 1 inputs) is data movement, left to torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lanes.delta_rule import L2_EPS, DeltaRuleWeights, delta_rule_steps
+from lanes.kernels.common import check, interpreting
+
+# a program holds S's dk x BLOCK_V columns in registers (Qwen3.5's 128 x 128 heads: 4 programs per
+# head of 4K values each; a whole head per program spilled, compiled for sm_90)
+_BLOCK_V = 32
+_WARPS = 4
+
+
+@triton.jit
+def _conv_channel(mixed_ptr, conv_ptr, taps_ptr, ch, t, stride_m, KERNEL: tl.constexpr):
+    """silu of the causal conv at row t for channels `ch`: taps summed in order, the inputs
+    before the lane's first row from its conv window."""
+    acc = tl.zeros(ch.shape, dtype=tl.float32)
+    for i in tl.static_range(KERNEL):
+        p = t - (KERNEL - 1) + i  # the input's row; < 0: in the window
+        if p < 0:
+            x = tl.load(conv_ptr + ch * (KERNEL - 1) + (p + KERNEL - 1))
+        else:
+            x = tl.load(mixed_ptr + p * stride_m + ch).to(tl.float32)
+        acc = acc + x * tl.load(taps_ptr + ch * KERNEL + i)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def _gated_delta_kernel(
+    mixed_ptr,  # [T, conv_dim] model dtype, rows stride_m apart
+    b_ptr,  # [T, HV] rows stride_b apart
+    a_ptr,  # [T, HV] rows stride_a apart
+    conv_ptr,  # [conv_dim, KERNEL - 1] float32: the inputs before row 0
+    state_ptr,  # [HV, DK, DV] float32: S before row 0
+    taps_ptr,  # [conv_dim, KERNEL] float32
+    neg_a_ptr,  # [HV] float32
+    dt_bias_ptr,  # [HV] float32
+    o_ptr,  # [T, HV, DV] float32: S^T q of every row, before the gated RMSNorm
+    state_out_ptr,  # [HV, DK, DV] float32: S after the last row
+    kept_ptr,  # [T, HV, DK, DV] float32: S after each row (KEEP), or dummy
+    T,
+    stride_m,
+    stride_b,
+    stride_a,
+    q_scale,  # 1 / sqrt(DK)
+    l2_eps,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # value columns of S per program
+    KERNEL: tl.constexpr,
+    KEEP: tl.constexpr,
+):
+    h = tl.program_id(0)  # value head
+    kh = h // (HV // HK)  # the key head it reads
+    dk = tl.arange(0, DK)
+    dv = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    q_ch = kh * DK + dk
+    k_ch = HK * DK + kh * DK + dk
+    v_ch = 2 * HK * DK + h * DV + dv
+    s_offs = dk[:, None] * DV + dv[None, :]
+    S = tl.load(state_ptr + h * DK * DV + s_offs)
+    neg_a = tl.load(neg_a_ptr + h)
+    dt_bias = tl.load(dt_bias_ptr + h)
+    for t in range(0, T):
+        q = _conv_channel(mixed_ptr, conv_ptr, taps_ptr, q_ch, t, stride_m, KERNEL)
+        k = _conv_channel(mixed_ptr, conv_ptr, taps_ptr, k_ch, t, stride_m, KERNEL)
+        v = _conv_channel(mixed_ptr, conv_ptr, taps_ptr, v_ch, t, stride_m, KERNEL)
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * q_scale
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
+        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + h).to(tl.float32))
+        x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + dt_bias
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold
+        S = S * tl.exp(neg_a * softplus)
+        remembered = tl.sum(S * k[:, None], axis=0)  # [BLOCK_V]: S^T k
+        delta = (v - remembered) * beta
+        S = S + k[:, None] * delta[None, :]
+        tl.store(o_ptr + (t * HV + h) * DV + dv, tl.sum(S * q[:, None], axis=0))  # S^T q
+        if KEEP:
+            tl.store(kept_ptr + (t * HV + h) * DK * DV + s_offs, S)
+    tl.store(state_out_ptr + h * DK * DV + s_offs, S)
+
+
+@triton.jit
+def _gated_norm_kernel(
+    o_ptr,  # [T * HV, DV] float32
+    z_ptr,  # [T, HV * DV] rows stride_z apart
+    norm_ptr,  # [DV] model dtype
+    out_ptr,  # [T * HV, DV] model dtype
+    stride_z,
+    eps,
+    HV: tl.constexpr,
+    DV: tl.constexpr,
+):
+    """One (row, value head): RMSNorm of its output, times weight, times silu(z), rounded as
+    lanes.delta_rule._gated_rms_norm rounds it."""
+    row = tl.program_id(0)
+    dv = tl.arange(0, DV)
+    o = tl.load(o_ptr + row * DV + dv)
+    normed = (o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)).to(out_ptr.dtype.element_ty)
+    weight = tl.load(norm_ptr + dv).to(tl.float32)
+    scaled = (weight * normed.to(tl.float32)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    gate = tl.load(z_ptr + (row // HV) * stride_z + (row % HV) * DV + dv).to(tl.float32)
+    tl.store(
+        out_ptr + row * DV + dv, (scaled * (gate * tl.sigmoid(gate))).to(out_ptr.dtype.element_ty)
+    )
+
+
+def gated_delta(
+    mixed: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv: torch.Tensor,
+    state: torch.Tensor,
+    w: DeltaRuleWeights,
+    keep: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
+    """As lanes.delta_rule.delta_rule_steps (same arguments and results), in one launch."""
+    hk, hv, dk, dv = w.key_heads, w.value_heads, w.key_dim, w.value_dim
+    t, conv_dim = mixed.shape
+    kernel = w.taps.shape[1]
+    check(conv_dim == 2 * hk * dk + hv * dv and hv % hk == 0, "DeltaNet head layout")
+    check(
+        dk == triton.next_power_of_2(dk) and dv == triton.next_power_of_2(dv),
+        f"head dims must be powers of two, got {dk}, {dv}",
+    )
+    check(conv.shape == (conv_dim, kernel - 1) and conv.dtype == torch.float32, "conv window")
+    check(state.shape == (hv, dk, dv) and state.dtype == torch.float32, "recurrent state")
+    for x, name in ((mixed, "mixed"), (z, "z"), (b, "b"), (a, "a")):
+        check(x.stride(-1) == 1, f"{name} needs unit stride along its last dim")
+    conv, state = conv.contiguous(), state.contiguous()
+    out = torch.empty((t, hv, dv), dtype=w.norm.dtype, device=mixed.device)
+    state_out = torch.empty_like(state)
+    kept_states = (
+        torch.empty((t, hv, dk, dv), dtype=torch.float32, device=mixed.device)
+        if keep
+        else state_out
+    )
+    if t:
+        o = torch.empty((t, hv, dv), dtype=torch.float32, device=mixed.device)
+        block_v = min(dv, _BLOCK_V)
+        _gated_delta_kernel[(hv, dv // block_v)](
+            mixed, b, a, conv, state, w.taps.contiguous(), w.neg_a, w.dt_bias, o, state_out,
+            kept_states, t, mixed.stride(0), b.stride(0), a.stride(0), dk**-0.5, L2_EPS,
+            HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_V=block_v, KERNEL=kernel, KEEP=keep,
+            **({} if interpreting() else {"num_warps": _WARPS}),
+        )  # fmt: skip
+        _gated_norm_kernel[(t * hv,)](o, z, w.norm, out, z.stride(0), w.eps, HV=hv, DV=dv)
+    else:
+        state_out = state
+    # the conv window after each row: the last kernel - 1 inputs
+    inputs = torch.cat([conv, mixed.float().T], dim=1)  # [conv_dim, kernel - 1 + T]
+    kept = None
+    if keep:
+        kept = [(inputs[:, r + 1 : r + kernel], kept_states[r]) for r in range(t)]
+    return out, inputs[:, t:], state_out, kept
+
+
+def ref_gated_delta(mixed, z, b, a, conv, state, w, keep):
+    """The torch form (lanes/delta_rule.py)."""
+    return delta_rule_steps(mixed, z, b, a, conv, state, w, keep)
