@@ -78,10 +78,42 @@ TINY = ModelConfig(
     tie_word_embeddings=False,
     eos_token_ids=(),
 )
+# A Qwen3.5-2B-like hybrid (issue 18's GPU figures): published Qwen3.5 small configs' layer
+# pattern (three gated DeltaNets, then gated attention), DeltaNet heads (16 key and 16 value
+# heads of 128), attention heads (8 over 2, head_dim 256, a quarter rotary) and vocabulary, at
+# a 2B-like width and depth; not a released model's exact config
+QWEN35_2B_LIKE = ModelConfig(
+    family="qwen3_5",
+    vocab_size=248320,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_layers=24,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=256,
+    rms_norm_eps=1e-6,
+    rope_theta=10000000.0,
+    max_position_embeddings=262144,
+    tie_word_embeddings=True,
+    qk_norm=True,
+    eos_token_ids=(),
+    layer_types=tuple(
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)
+    ),
+    rotary_dim=64,
+    attn_output_gate=True,
+    zero_centred_norms=True,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel=4,
+)
 SHAPES = {
     "llama-3.1-8b": LLAMA_31_8B,
     "llama-3.2-1b": LLAMA_32_1B,
     "smollm2-135m": SMOLLM2_135M,
+    "qwen3.5-2b-like": QWEN35_2B_LIKE,
     "tiny": TINY,
 }
 
