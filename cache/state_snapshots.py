@@ -9,6 +9,9 @@ the prefixes its blocks match. Least recently used snapshots go first past `max_
     blocks   [k0][k1][k2][k3]          (16 tokens each)
     snapshots      k1      k3          taken at prefill chunk ends 32 and 64
     a prompt matching k0..k3 resumes at 64; one matching k0..k2 resumes at 32
+
+Past its prompt, a lane keeps one snapshot, at the latest block boundary its output reached (a
+next turn repeats prompt and answer, so it resumes there).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ class StateSnapshots:
         self._entries[key] = (conv, state)
         self.nbytes += size
         self.num_taken += 1
+
+    def discard(self, key: bytes) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            c, s = entry
+            self.nbytes -= c.numel() * c.element_size() + s.numel() * s.element_size()
 
     def get(self, key: bytes) -> tuple[torch.Tensor, torch.Tensor] | None:
         entry = self._entries.get(key)

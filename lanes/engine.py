@@ -882,7 +882,8 @@ class Engine:
         # Set before a lane that ends here is released, so its last chunk is published too.
         lane.num_computed = min(s.end, lane.num_known - 1)
         if self.recurrent is not None:  # the state back to the last kept position; a snapshot
-            self.recurrent.settle(lane)  # where a prompt's last chunk ends on a block boundary
+            self.recurrent.settle(lane)  # where the lane stands on a block boundary
+            self._key_blocks(lane)
             self.recurrent.after_prefill(lane)
         if lane.finish_reason is not None:
             return self._end(lane, LaneState.DONE)
@@ -1060,6 +1061,15 @@ class Engine:
                 self.metrics.num_cancellations += 1
         self._cancel_requested.clear()  # ids of ended or unknown requests are dropped too
         return ended
+
+    def _key_blocks(self, lane: Lane) -> None:
+        """Prompt-cache keys for the lane's blocks up to num_computed (its output's too), so a
+        hybrid's state on an output block boundary can be kept under its block's key."""
+        bs = self.config.block_size
+        complete = lane.num_computed // bs
+        if complete > len(lane.block_keys):
+            tokens = lane.all_ids()[: complete * bs]
+            lane.block_keys = self.cache.chain_keys(tokens, bs, lane.cache_salt, lane.block_keys)
 
     def _publish(self, lane: Lane) -> None:
         """Offer the lane's whole computed blocks to the prompt cache (cancel_prefill, finish,

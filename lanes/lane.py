@@ -34,6 +34,9 @@ class Lane:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the lane's blocks
     state_slot: int = -1  # hybrid models: its recurrent state's slot while it runs
+    # hybrid models: the key of the snapshot this lane took at its latest block boundary past
+    # its prompt (only the latest is kept: a next turn repeats the whole answer)
+    output_snapshot_key: bytes | None = None
     slot: int = -1  # its row in the runner's block tables while it runs
     state: LaneState = LaneState.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"

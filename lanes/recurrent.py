@@ -10,6 +10,10 @@ only has to agree with `num_computed`:
   launched (in stream order, before the next chunk moves the state), so cancel_prefill, which
   ends the lane between forwards, leaves the latest one (and the blocks up to it, published by
   the engine once that forward has completed) for an identical retry;
+- past the prompt, when a step leaves the lane on a block boundary, the state there becomes a
+  snapshot too (the engine keys the output's blocks first), replacing the lane's previous
+  output snapshot: a next turn, which repeats prompt and answer, resumes at the answer's last
+  boundary (a step that jumps a boundary with accepted drafts takes none there);
 - after a verify step, the state is put back to the last accepted position;
 - release: the slot is freed.
 """
@@ -46,8 +50,13 @@ class RecurrentStates:
         if n == 0 or n % bs or n // bs > len(lane.block_keys):
             return
         key = lane.block_keys[n // bs - 1]
-        if key not in self.snapshots:
-            self.snapshots.put(key, *self.pool.snapshot(lane.state_slot))
+        if key in self.snapshots:
+            return
+        self.snapshots.put(key, *self.pool.snapshot(lane.state_slot))
+        if n > len(lane.prompt_ids):  # an output boundary: keep only the lane's latest
+            if lane.output_snapshot_key is not None:
+                self.snapshots.discard(lane.output_snapshot_key)
+            lane.output_snapshot_key = key
 
     def settle(self, lane: Lane) -> None:
         self.pool.settle(lane.state_slot, lane.num_computed)

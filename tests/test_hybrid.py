@@ -177,6 +177,56 @@ def test_a_shared_prefix_resumes_where_a_snapshot_is(hybrid):
     assert (resumed.token_ids, resumed.logprobs) == (fresh.token_ids, fresh.logprobs)
 
 
+def test_a_next_turn_resumes_inside_the_previous_answer(hybrid):
+    """A follow-up prompt (the first prompt, its answer, a new message) resumes at the answer's
+    last block boundary, where the lane kept an output snapshot — only the latest one per lane
+    — and its output equals a fresh engine's, bitwise."""
+    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32)
+    engine = build_engine(str(hybrid[0]), cfg)
+    first = engine.tokenizer.encode(PROMPTS[1])
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    (answer,) = engine.generate([first], params)
+    # 13 prompt tokens (no aligned chunk end), 40 answered: of the output's boundaries 16, 32
+    # and 48 only the latest is kept
+    assert len(first) == 13 and len(engine.recurrent.snapshots) == 1
+    turn = first + answer.token_ids + engine.tokenizer.encode(PROMPTS[3])
+    reached = (len(first) + len(answer.token_ids) - 1) // 16 * 16  # the last boundary computed
+    (resumed,) = engine.generate([turn], GREEDY)
+    assert resumed.cached_tokens == reached > len(first)
+    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([turn], GREEDY)
+    assert (resumed.token_ids, resumed.logprobs) == (fresh.token_ids, fresh.logprobs)
+    engine.check_integrity()
+
+
+def test_negative_control_an_output_snapshot_keyed_one_block_early(hybrid, monkeypatch):
+    """Output snapshots filed under the previous block's key (the state 16 tokens later than the
+    key says): the next turn resumes there and its output changes, so the test above is not
+    vacuous."""
+    from lanes.recurrent import RecurrentStates
+
+    original = RecurrentStates.after_prefill
+
+    def keyed_early(self, lane, position=None):
+        n, bs = lane.num_computed, self.block_size
+        if position is None and n > len(lane.prompt_ids) and n % bs == 0 and n >= 2 * bs:
+            key = lane.block_keys[n // bs - 2]
+            self.snapshots.discard(key)
+            self.snapshots.put(key, *self.pool.snapshot(lane.state_slot))
+            return
+        original(self, lane, position)
+
+    monkeypatch.setattr(RecurrentStates, "after_prefill", keyed_early)
+    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32)
+    engine = build_engine(str(hybrid[0]), cfg)
+    first = engine.tokenizer.encode(PROMPTS[1])
+    (answer,) = engine.generate([first], SamplingParams(max_tokens=40, ignore_eos=True))
+    turn = first + answer.token_ids + engine.tokenizer.encode(PROMPTS[3])
+    (resumed,) = engine.generate([turn], GREEDY)
+    assert resumed.cached_tokens > len(first)
+    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([turn], GREEDY)
+    assert resumed.logprobs != fresh.logprobs
+
+
 def test_negative_control_a_snapshot_one_block_off(hybrid, monkeypatch):
     """Resuming from the snapshot one block before the matched prefix's end (as if it were the
     state there) changes the output: the resume test above is not vacuous."""
