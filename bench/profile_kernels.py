@@ -2,7 +2,10 @@
 and over steady batch-1 decode steps, the CUDA kernels' time summed by kernel name. Exact mode,
 CUDA graphs, random bf16 weights of real shapes.
 
-    python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--out FILE]
+    python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--bits 4] [--out FILE]
+
+--bits: the projections and LM head held as MLX affine codes of that width (group 64), served
+packed (issue 19: where a packed decode step's time goes).
 
 Under programmatic dependent launch (kernels/common.pdl_launch) a kernel's span includes the time
 its programs waited for the previous kernel: run with LANES_PDL=0 for per-kernel device times.
@@ -19,7 +22,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.profile_busy import settle
-from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
+from bench.shapes import (
+    LLAMA_31_8B,
+    SMOLLM2_135M,
+    random_checkpoint,
+    random_packed_checkpoint,
+    synthetic_prompt,
+)
 from lanes import EngineConfig, SamplingParams, build_engine
 
 
@@ -62,6 +71,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3.1-8b"])
+    ap.add_argument("--bits", type=int, default=0, help="packed affine codes of this width")
     ap.add_argument("--out", default="bench/results/profile-kernels-h200.json")
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -75,9 +85,12 @@ def main() -> None:
     for name, shape in (("smollm2-135m", SMOLLM2_135M), ("llama-3.1-8b", LLAMA_31_8B)):
         if name not in args.shapes:
             continue
-        engine = build_engine(
-            checkpoint=random_checkpoint(shape, "cuda"), config=EngineConfig(**base)
+        ckpt = (
+            random_packed_checkpoint(shape, "cuda", bits=args.bits)
+            if args.bits
+            else random_checkpoint(shape, "cuda")
         )
+        engine = build_engine(checkpoint=ckpt, config=EngineConfig(**base))
         report[f"{name} decode batch 1"] = decode_profile(engine, shape.vocab_size, args.steps)
         if name == "llama-3.1-8b":
             report[f"{name} prefill {args.prefill}"] = prefill_profile(
