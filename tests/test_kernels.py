@@ -338,3 +338,30 @@ def test_greedy_rows_have_the_same_bits_in_both_sampling_kernels():
     alone = greedy_tokens(logits)
     for i in (0, 2, 4):
         assert torch.equal(mixed[0][i], alone[0][i]) and torch.equal(mixed[1][i], alone[1][i])
+
+
+def test_launch_choices_follow_the_device_and_dtype_never_the_rows(monkeypatch):
+    """Which layouts a launch takes: the tensor-descriptor prefill tiles only on Hopper-class
+    GPUs for float16/bfloat16 (chosen by the weight's width), wide attention programs only for
+    long bf16/fp16 forwards on a GPU, programmatic dependent launch only on Hopper-class GPUs
+    and never with LANES_PDL=0; on the CPU (and the interpreter) none of them."""
+    from lanes.kernels import common
+
+    cpu = torch.device("cpu")
+    x = torch.zeros((128, 64), dtype=torch.bfloat16)
+    w = torch.zeros((64, 64), dtype=torch.bfloat16)
+    assert matmul.prefill_tiles_for(x, w) is None
+    assert common.pdl_launch(cpu) == {"PDL": False}
+    assert attention.rows_for(4096, torch.bfloat16, cpu) == attention.BLOCK_ROWS
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9:
+        gpu = torch.device("cuda")
+        xg, wide = x.cuda(), torch.zeros((16384, 64), dtype=torch.bfloat16, device="cuda")
+        assert matmul.prefill_tiles_for(xg, w.cuda()).block_n == 256
+        assert matmul.prefill_tiles_for(xg, wide).block_m == 256
+        assert matmul.prefill_tiles_for(xg.float(), w.cuda().float()) is None
+        assert attention.rows_for(4096, torch.bfloat16, gpu) == attention.WIDE_ROWS
+        assert attention.rows_for(64, torch.bfloat16, gpu) == attention.BLOCK_ROWS
+        assert attention.rows_for(4096, torch.float32, gpu) == attention.BLOCK_ROWS
+        assert common.pdl_launch(gpu)["PDL"]
+        monkeypatch.setenv("LANES_PDL", "0")
+        assert common.pdl_launch(gpu) == {"PDL": False}
