@@ -1,23 +1,103 @@
-"""A DeltaNet layer's conv and gated delta rule for one lane's rows (lanes/delta_rule.py gives the
-math): one program per value head and block of value columns holding its part of the state S
-[dk, dv] in registers across the rows, then one program per row and head for the gated RMSNorm
-(which needs the whole head).
+"""A DeltaNet layer's conv and gated delta rule for one lane's rows, in plain torch
+(`delta_rule_steps`: the CPU ops' recurrence and the kernel's reference) and as Triton kernels
+(`gated_delta`): one program per value head and block of value columns holding its part of the
+state S [dk, dv] in registers across the rows, then one program per row and head for the gated
+RMSNorm (which needs the whole head).
 
-Each row is the same computation on tiles whose shapes come from the model alone, rows taken in
-ascending order, so a position's bits do not depend on how the lane's rows are split into
-forwards (prefill chunks, decode, verify) or on other lanes: the conv's taps summed in order, the
-L2 norms and S^T k, S^T q as reductions over dk, the gated RMSNorm over dv, the same layouts in
-every launch. The new conv window (the last kernel - 1 inputs) is data movement, left to torch.
+One lane's rows, with its conv window (the last `kernel - 1` inputs) and recurrent state S
+[value heads, dk, dv], both float32:
+
+    q, k, v = silu(depthwise causal conv(mixed))        q, k L2-normalised; q / sqrt(dk)
+    beta = sigmoid(b),  decay = exp(neg_a * softplus(a + dt_bias))
+    S = decay * S;  S = S + k (beta (v - S^T k))^T;  o = S^T q
+    out = gated_rmsnorm(o, z) = norm(o) * weight * silu(z)
+
+Each row is the same computation on tensors whose shapes come from the model alone, rows taken
+in ascending order, so a position's bits do not depend on how the lane's rows are split into
+forwards (prefill chunks, decode, verify) or on other lanes. In the kernels: the conv's taps
+summed in order, the L2 norms and S^T k, S^T q as reductions over dk, the gated RMSNorm over
+dv, the same layouts in every launch. The new conv window (the last kernel - 1 inputs) is data
+movement, left to torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lanes.delta_rule import L2_EPS, DeltaRuleWeights, delta_rule_steps
 from lanes.kernels.common import check, interpreting
+
+L2_EPS = 1e-6  # transformers' l2norm (and flash-linear-attention's)
+
+
+@dataclass(frozen=True)
+class DeltaRuleWeights:
+    """A DeltaNet layer's parameters the recurrence reads, and its head layout."""
+
+    taps: torch.Tensor  # [conv_dim, kernel] float32: the depthwise causal conv
+    neg_a: torch.Tensor  # [v_heads] float32: -exp(A_log)
+    dt_bias: torch.Tensor  # [v_heads] float32
+    norm: torch.Tensor  # [dv] model dtype: the gated RMSNorm's weight
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    eps: float  # the gated RMSNorm's
+
+
+def delta_rule_steps(
+    mixed: torch.Tensor,  # [T, conv_dim] the conv's inputs (q | k | v channels)
+    z: torch.Tensor,  # [T, value_heads * dv] the output gate
+    b: torch.Tensor,  # [T, value_heads]
+    a: torch.Tensor,  # [T, value_heads]
+    conv: torch.Tensor,  # [conv_dim, kernel - 1] float32
+    state: torch.Tensor,  # [value_heads, dk, dv] float32
+    w: DeltaRuleWeights,
+    keep: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
+    """(out [T, value_heads, dv] in the model dtype, conv and state after the last row, and with
+    `keep` the (conv, state) after every row)."""
+    hk, hv, dk, dv = w.key_heads, w.value_heads, w.key_dim, w.value_dim
+    out = torch.empty((mixed.shape[0], hv, dv), dtype=w.norm.dtype, device=mixed.device)
+    kept = [] if keep else None
+    for r in range(mixed.shape[0]):
+        window = torch.cat([conv, mixed[r].float()[:, None]], dim=1)  # [conv_dim, kernel]
+        conv = window[:, 1:]
+        qkv = F.silu((window * w.taps).sum(dim=1))
+        q, k, v = qkv.split([hk * dk, hk * dk, hv * dv])
+        q, k = _l2_normalised(q.view(hk, dk)), _l2_normalised(k.view(hk, dk))
+        if hv != hk:  # each key head serves hv / hk consecutive value heads
+            q, k = q.repeat_interleave(hv // hk, 0), k.repeat_interleave(hv // hk, 0)
+        q = q / dk**0.5
+        beta = torch.sigmoid(b[r].float())  # [hv]
+        decay = torch.exp(w.neg_a * F.softplus(a[r].float() + w.dt_bias))
+        state = state * decay[:, None, None]
+        remembered = (state * k[:, :, None]).sum(dim=1)  # [hv, dv]: S^T k
+        delta = (v.view(hv, dv) - remembered) * beta[:, None]
+        state = state + k[:, :, None] * delta[:, None, :]
+        o = (state * q[:, :, None]).sum(dim=1)  # [hv, dv]: S^T q
+        out[r] = _gated_rms_norm(o, z[r].view(hv, dv), w.norm, w.eps)
+        if kept is not None:
+            kept.append((conv, state))
+    return out, conv, state, kept
+
+
+def _l2_normalised(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
+def _gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """RMSNorm of each head's output [heads, dv] (float32), times weight, times silu(gate); in
+    the model dtype, the way transformers rounds it."""
+    normed = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (weight * normed.to(weight.dtype) * F.silu(gate.float())).to(weight.dtype)
+
 
 # a program holds S's dk x BLOCK_V columns in registers (Qwen3.5's 128 x 128 heads: 4 programs per
 # head of 4K values each; a whole head per program spilled, compiled for sm_90)
@@ -109,7 +189,7 @@ def _gated_norm_kernel(
     DV: tl.constexpr,
 ):
     """One (row, value head): RMSNorm of its output, times weight, times silu(z), rounded as
-    lanes.delta_rule._gated_rms_norm rounds it."""
+    _gated_rms_norm rounds it."""
     row = tl.program_id(0)
     dv = tl.arange(0, DV)
     o = tl.load(o_ptr + row * DV + dv)
@@ -132,7 +212,7 @@ def gated_delta(
     w: DeltaRuleWeights,
     keep: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
-    """As lanes.delta_rule.delta_rule_steps (same arguments and results), in one launch."""
+    """As delta_rule_steps (same arguments and results), in two launches."""
     hk, hv, dk, dv = w.key_heads, w.value_heads, w.key_dim, w.value_dim
     t, conv_dim = mixed.shape
     kernel = w.taps.shape[1]
@@ -174,5 +254,5 @@ def gated_delta(
 
 
 def ref_gated_delta(mixed, z, b, a, conv, state, w, keep):
-    """The torch form (lanes/delta_rule.py)."""
+    """The torch form (delta_rule_steps)."""
     return delta_rule_steps(mixed, z, b, a, conv, state, w, keep)

@@ -227,7 +227,7 @@ def _sampling_cases(dtype, device, gen):
 def _delta_cases(dtype, device, gen):
     """One lane's rows through a DeltaNet layer (2 key heads over 4 value heads, dk = dv = 16,
     a 4-tap conv): 1, 5 and 9 rows, with and without the per-row states kept."""
-    from lanes.delta_rule import DeltaRuleWeights
+    from lanes.kernels.delta_rule import DeltaRuleWeights
 
     hk, hv, d, kernel = 2, 4, 16, 4
     conv_dim = 2 * hk * d + hv * d

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
-from lanes.delta_rule import DeltaRuleWeights, delta_rule_steps
+from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps
 from lanes.packed import OUT_TILE, PackedWeight
 
 # Rows per BLAS call. MKL takes 1-2 rows down a matrix-vector path and 4 or more down a GEMM
@@ -105,9 +105,10 @@ class Ops:
     def delta_rule(
         self, mixed, z, b, a, conv, state, w: DeltaRuleWeights, keep: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
-        """One lane's rows through a DeltaNet layer's conv and gated delta rule (lanes/delta_rule.py):
-        (out [T, value_heads, dv], conv, state after the last row, and with `keep` the (conv,
-        state) after every row). Position by position, in a fixed order: batch-invariant."""
+        """One lane's rows through a DeltaNet layer's conv and gated delta rule (the torch form in
+        kernels/delta_rule.py): (out [T, value_heads, dv], conv, state after the last row, and
+        with `keep` the (conv, state) after every row). Position by position, in a fixed order:
+        batch-invariant."""
         return delta_rule_steps(mixed, z, b, a, conv, state, w, keep)
 
     def _partial_rope(self, x, cos, sin, rope_dim: int) -> torch.Tensor:

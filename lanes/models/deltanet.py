@@ -1,7 +1,7 @@
 """The gated DeltaNet token mixer of hybrid models (Qwen3.5's "linear attention" layers): the
-projections here, the recurrence through the ops (`ops.delta_rule`: lanes/delta_rule.py on the
-CPU, kernels/delta_rule.py with the Triton ops), each lane's state read from and written back
-to its slot.
+projections here, the recurrence through the ops (`ops.delta_rule`: kernels/delta_rule.py's torch
+form on the CPU ops, its Triton kernels on the Triton ops), each lane's state read from and
+written back to its slot.
 
 Exactness: every position is computed by the same per-token recurrence on tensors whose shapes
 depend only on the model (never on how many rows, lanes or chunks a forward has), in a fixed
@@ -18,7 +18,7 @@ import torch
 from lanes.batch import ForwardBatch
 from lanes.cache.state_pool import StatePool
 from lanes.config import ModelConfig
-from lanes.delta_rule import DeltaRuleWeights
+from lanes.kernels.delta_rule import DeltaRuleWeights
 from lanes.models.weights import DeltaNetWeights
 from lanes.ops import Ops
 
