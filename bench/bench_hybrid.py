@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.bench_speed import decode_tok_s, prefill_s
-from bench.shapes import SHAPES, random_checkpoint
+from bench.shapes import SHAPES, hf_fields, hf_random_model, random_checkpoint
 from lanes import EngineConfig, build_engine
 from lanes.config import ModelConfig
 
@@ -30,20 +30,13 @@ def hf_model(config: ModelConfig, device: str):
     import transformers
 
     hf_config = transformers.Qwen3_5TextConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
+        **hf_fields(config),
         layer_types=list(config.layer_types),
         linear_num_key_heads=config.linear_num_key_heads,
         linear_num_value_heads=config.linear_num_value_heads,
         linear_key_head_dim=config.linear_key_head_dim,
         linear_value_head_dim=config.linear_value_head_dim,
         linear_conv_kernel_dim=config.linear_conv_kernel,
-        rms_norm_eps=config.rms_norm_eps,
         tie_word_embeddings=config.tie_word_embeddings,
         rope_parameters={
             "rope_type": "default",
@@ -51,13 +44,7 @@ def hf_model(config: ModelConfig, device: str):
             "partial_rotary_factor": config.rotary_dim / config.head_dim,
         },
     )
-    dtype = torch.bfloat16 if device != "cpu" else torch.float32
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            return transformers.Qwen3_5ForCausalLM(hf_config).eval()
-    finally:
-        torch.set_default_dtype(torch.float32)
+    return hf_random_model(transformers.Qwen3_5ForCausalLM, hf_config, device)
 
 
 def hf_speeds(model, vocab: int, device: str, new_tokens: int, prefill: int, repeats: int):

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from bench.shapes import LLAMA_31_8B, SMOLLM2_135M, random_checkpoint, synthetic_prompt
+from bench.shapes import (
+    LLAMA_31_8B,
+    SMOLLM2_135M,
+    hf_fields,
+    hf_random_model,
+    random_checkpoint,
+    synthetic_prompt,
+)
 from lanes import Engine, EngineConfig, SamplingParams, build_engine
 
 
@@ -79,24 +86,12 @@ def hf_prefill_s(config, lengths: list[int], repeats: int) -> dict:
     import transformers
 
     hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        rms_norm_eps=config.rms_norm_eps,
+        **hf_fields(config),
         rope_theta=config.rope_theta,
         max_position_embeddings=max(lengths),
         attn_implementation="sdpa",
     )
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = transformers.LlamaForCausalLM(hf_config).eval()
-    finally:
-        torch.set_default_dtype(torch.float32)
+    model = hf_random_model(transformers.LlamaForCausalLM, hf_config, "cuda")
     out = {}
     with torch.no_grad():
         for length in lengths:

@@ -118,6 +118,31 @@ SHAPES = {
 }
 
 
+def hf_fields(config: ModelConfig) -> dict:
+    """The transformers config fields every decoder shares, from a lanes ModelConfig."""
+    return dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        rms_norm_eps=config.rms_norm_eps,
+    )
+
+
+def hf_random_model(model_class, hf_config, device: str):
+    """A transformers model of this config, random weights drawn on the device: bfloat16 on a
+    GPU, float32 on the CPU."""
+    torch.set_default_dtype(torch.bfloat16 if device != "cpu" else torch.float32)
+    try:
+        with torch.device(device):
+            return model_class(hf_config).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def synthetic_prompt(vocab: int, n: int, seed: int, offset: int = 0) -> list[int]:
     """n deterministic token ids below vocab; different seeds give different prompts."""
     return [(seed * 7919 + i * 104729 + offset) % vocab for i in range(n)]
