@@ -24,7 +24,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # host-side tensor descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: prefill keeps the pointer-load tiles
+    TensorDescriptor = None
 
 from lanes.kernels.common import interpreting, pdl_launch, wait_for_inputs
 from lanes.packed import PackedWeight
@@ -264,9 +268,11 @@ _WEIGHT = PrefillTiles(block_m=128, block_n=256)
 
 def prefill_tiles_for(x: torch.Tensor, w) -> PrefillTiles | None:
     """The tensor-descriptor tiles for x @ w.T, or None where they do not apply: packed or fp32
-    weights, the CPU interpreter, GPUs before Hopper, or x not aligned for the TMA engine."""
+    weights, the CPU interpreter, GPUs before Hopper, a Triton without tensor descriptors, or x
+    not aligned for the TMA engine."""
     if (
-        isinstance(w, PackedWeight)
+        TensorDescriptor is None
+        or isinstance(w, PackedWeight)
         or x.dtype == torch.float32
         or interpreting()
         or x.device.type != "cuda"
