@@ -1,11 +1,12 @@
-"""A hybrid (gated DeltaNet + gated attention) on random weights of a real shape: lanes' batch-1
-decode and long-prompt prefill in exact mode, and transformers' own Qwen3.5 implementation on the
-same shape in the same run (issue 18's GPU figures).
+"""A hybrid (gated DeltaNet + gated attention) or a mixture of experts on random weights of a
+real shape: lanes' batch-1 decode and long-prompt prefill in exact mode, and transformers' own
+implementation (Qwen3.5, Qwen3-MoE) on the same shape in the same run (issue 18's GPU figures).
 
     python -m bench.bench_hybrid [--shape qwen3.5-2b-like] [--prefill 8192] [--repeats 3]
+    python -m bench.bench_hybrid --shape qwen3-30b-a3b-like
 
-Writes bench/results/hybrid-<device>.json. transformers runs its own weights (random, the same
-shape): the comparison is of speed, not of outputs.
+Writes bench/results/hybrid-<shape>-<device>.json. transformers runs its own weights (random,
+the same shape): the comparison is of speed, not of outputs.
 """
 
 from __future__ import annotations
@@ -26,9 +27,23 @@ from lanes.config import ModelConfig
 
 
 def hf_model(config: ModelConfig, device: str):
-    """transformers' Qwen3_5ForCausalLM of this shape, random bf16 weights on the device."""
+    """transformers' Qwen3_5ForCausalLM (or Qwen3MoeForCausalLM) of this shape, random bf16
+    weights on the device."""
     import transformers
 
+    if config.family == "qwen3_moe":
+        hf_config = transformers.Qwen3MoeConfig(
+            **hf_fields(config),
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.experts_per_token,
+            moe_intermediate_size=config.moe_intermediate_size,
+            norm_topk_prob=config.norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[i for i in range(config.num_layers) if i not in config.moe_layers],
+            tie_word_embeddings=config.tie_word_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        )
+        return hf_random_model(transformers.Qwen3MoeForCausalLM, hf_config, device)
     hf_config = transformers.Qwen3_5TextConfig(
         **hf_fields(config),
         layer_types=list(config.layer_types),
@@ -131,7 +146,7 @@ def main() -> None:
             "flash_linear_attention": importlib.util.find_spec("fla") is not None,
         }
     print(json.dumps(report, indent=1), flush=True)
-    out = Path(__file__).parent / "results" / f"hybrid-{args.device}.json"
+    out = Path(__file__).parent / "results" / f"hybrid-{args.shape}-{args.device}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
 
 

@@ -109,12 +109,42 @@ QWEN35_2B_LIKE = ModelConfig(
     linear_value_head_dim=128,
     linear_conv_kernel=4,
 )
+# A Qwen3-30B-A3B-like mixture of experts (issue 18's MoE figures): the published Qwen3-30B-A3B
+# config's widths (128 experts of 768, 8 per token, every layer routed, 32 query heads over 4)
+QWEN3_30B_A3B_LIKE = ModelConfig(
+    family="qwen3_moe",
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_layers=48,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    qk_norm=True,
+    eos_token_ids=(),
+    num_experts=128,
+    experts_per_token=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    moe_layers=tuple(range(48)),
+)
+# the same layout at the TINY width, for GPU tests
+TINY_MOE = dataclasses.replace(
+    TINY, family="qwen3_moe", qk_norm=True, num_experts=8, experts_per_token=2,
+    moe_intermediate_size=64, norm_topk_prob=True, moe_layers=(0, 1),
+)  # fmt: skip
 SHAPES = {
     "llama-3.1-8b": LLAMA_31_8B,
     "llama-3.2-1b": LLAMA_32_1B,
     "smollm2-135m": SMOLLM2_135M,
     "qwen3.5-2b-like": QWEN35_2B_LIKE,
+    "qwen3-30b-a3b-like": QWEN3_30B_A3B_LIKE,
     "tiny": TINY,
+    "tiny-moe": TINY_MOE,
 }
 
 

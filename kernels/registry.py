@@ -14,6 +14,7 @@ from lanes.kernels import (
     activation,
     attention,
     delta_rule,
+    expert_matmul,
     kv_write,
     matmul,
     rmsnorm,
@@ -252,6 +253,31 @@ def _delta_cases(dtype, device, gen):
     return out
 
 
+def _expert_cases(dtype, device, gen):
+    """Tokens routed to k of E experts: one token, a batch whose experts repeat (tiles of
+    several slots, one expert with more than a tile), and slots already in expert order (k = 1,
+    the down projection's case); K not a multiple of BLOCK_K."""
+    out = []
+    for n, e, k, width, depth in [(1, 8, 2, 96, 64), (23, 4, 2, 64, 48), (37, 6, 1, 40, 128)]:
+        experts = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(n)])
+        if n > 20:
+            experts[: n // 2] = torch.tensor([1, 2][:k])  # > BLOCK_M slots of expert 1
+        out.append(
+            (
+                _rand((n, depth), dtype, device, gen),
+                _rand((e, width, depth), dtype, device, gen, depth**-0.5),
+                experts.to(device),
+            )
+        )
+    return out
+
+
+def _expert_run(x, w, experts):
+    """The kernel with its tile table made from the routing, as TritonOps.experts does."""
+    tiles = expert_matmul.expert_tiles(experts.reshape(-1), w.shape[0])
+    return expert_matmul.expert_matmul(x, w, tiles, experts.shape[1])
+
+
 def _tensors(fn):
     """A delta-rule form whose per-row (conv, state) list comes back as two stacked tensors."""
 
@@ -366,6 +392,17 @@ REGISTRY: list[KernelSpec] = [
         "one lane's rows; dk, dv powers of two; one program per value head, rows in order",
         _LOW,
         _delta_cases,
+    ),
+    KernelSpec(
+        "expert_matmul",
+        _expert_run,
+        expert_matmul.ref_expert_matmul,
+        (torch.float32, torch.bfloat16, torch.float16),
+        True,
+        "x [n, K], w [E, N, K] unit stride on K; every (token, expert) slot in one launch, "
+        "grouped on the device into 16-slot tiles of one expert; a grid fixed by (slots, E)",
+        _LOW,
+        _expert_cases,
     ),
     KernelSpec(
         "greedy_tokens",

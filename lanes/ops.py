@@ -88,6 +88,21 @@ class Ops:
         gate, up = gate_up.chunk(2, dim=-1)
         return self.linear(F.silu(gate) * up, weight)
 
+    def experts(
+        self, x: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+    ) -> torch.Tensor:
+        """A mixture-of-experts layer's routed MLPs: x [n, hidden], experts [n, k] (each token's
+        chosen expert ids), gate_up [E, 2I, hidden], down [E, hidden, I] -> [n * k, hidden], row
+        t * k + j the output of token t's j-th expert. Here expert by expert through the
+        row-independent linears (which experts a batch uses is read on the host)."""
+        k = experts.shape[1]
+        outputs = x.new_zeros(x.shape[0] * k, down.shape[1])
+        chosen = experts.reshape(-1)
+        for e in torch.unique(chosen).tolist():
+            slots = (chosen == e).nonzero().squeeze(1)
+            outputs[slots] = self.glu_linear(self.linear(x[slots // k], gate_up[e]), down[e])
+        return outputs
+
     def attention_inputs(
         self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim: int, norms=None, eps=0.0
     ) -> torch.Tensor:

@@ -8,6 +8,7 @@ from lanes.batch import ForwardBatch
 from lanes.kernels.activation import silu_mul
 from lanes.kernels.attention import make_meta, paged_attention, rows_for
 from lanes.kernels.delta_rule import gated_delta
+from lanes.kernels.expert_matmul import expert_matmul, expert_tiles
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.matmul import matmul
 from lanes.kernels.rmsnorm import add_rms_norm
@@ -33,6 +34,13 @@ class TritonOps(Ops):
 
     def glu_linear(self, gate_up, weight):
         return matmul(silu_mul(gate_up.contiguous()), weight)
+
+    def experts(self, x, experts, gate_up, down):
+        """Two grouped launches over every (token, expert) slot, routed on the device: no host
+        read of which experts were chosen, so MoE layers replay in CUDA graphs."""
+        tiles = expert_tiles(experts.reshape(-1), gate_up.shape[0])
+        hidden = expert_matmul(x.contiguous(), gate_up, tiles, experts.shape[1])
+        return expert_matmul(silu_mul(hidden), down, tiles, 1)
 
     def attention_inputs(self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps):
         if rope_dim != q.shape[-1]:  # partial RoPE (Qwen3.5): the unfused steps

@@ -25,3 +25,15 @@ class NoDraftsInHistory(Engine):
     @staticmethod
     def _row_history(s, j):
         return list(s.lane.output_ids)
+
+
+def drafted_equals_replayed(engine: Engine, prompts: list, outputs: list, params) -> None:
+    """The engine drafting `outputs` back (acceptance 0.5, a wrong token otherwise) gives those
+    outputs bitwise, some drafts rejected, and its bookkeeping intact."""
+    records = {tuple(engine.encode(p)): o.token_ids for p, o in zip(prompts, outputs, strict=True)}
+    engine.proposer = ReplayProposer(records, 0.5, engine.model_config.vocab_size)
+    drafted = engine.generate(prompts, params, cache_salt="drafted")
+    assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
+    for d, o in zip(drafted, outputs, strict=True):
+        assert (d.token_ids, d.logprobs) == (o.token_ids, o.logprobs)
+    engine.check_integrity()

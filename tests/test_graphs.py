@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from bench.shapes import TINY, random_checkpoint
+from bench.shapes import TINY, TINY_MOE, random_checkpoint
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.drafter.replay import ReplayProposer
 
@@ -44,6 +44,25 @@ def test_graphed_equals_eager(params):
     assert graphed.runner.graphs.num_replays > before
     assert [d.token_ids for d in drafted] == [w.token_ids for w in want]
     graphed.check_integrity()
+
+
+def test_moe_decode_replays_as_graphs_with_the_eager_bits():
+    """Routing on the device (kernels/expert_matmul.py) lets MoE decode steps be captured: the
+    replays give the eager steps' tokens and logprobs, greedy and seeded."""
+    ckpt = random_checkpoint(TINY_MOE, "cuda")
+    prompts = [[(5 * i + j) % TINY_MOE.vocab_size for j in range(n)] for i, n in enumerate((3, 70))]
+    eager = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda", cuda_graphs=False))
+    graphed = build_engine(checkpoint=ckpt, config=EngineConfig(device="cuda"))
+    assert graphed.runner.graphs is not None
+    for params in (
+        SamplingParams(max_tokens=16, ignore_eos=True),
+        SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8, seed=5),
+    ):
+        before = graphed.runner.graphs.num_replays
+        got, want = graphed.generate(prompts, params), eager.generate(prompts, params)
+        assert graphed.runner.graphs.num_replays > before
+        for g, w in zip(got, want, strict=True):
+            assert (g.token_ids, g.logprobs) == (w.token_ids, w.logprobs)
 
 
 def drafted_equals_plain(engine, prompts, params, wanted=None) -> list:

@@ -17,6 +17,7 @@ from lanes.cache.state_pool import StatePool
 from lanes.config import ConfigError, ModelConfig
 from lanes.drafter.replay import ReplayProposer
 from tests.conftest import matches_transformers_over_chunks
+from tests.replay_drafts import drafted_equals_replayed
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog " * 3,
@@ -422,10 +423,4 @@ def test_on_the_triton_ops_the_delta_rule_kernel_keeps_the_equalities(tiny_model
     drafting = build_engine(
         str(path), EngineConfig(**base, num_draft_tokens=3, adaptive_drafts=False)
     )
-    records = {tuple(drafting.encode(p)): s.token_ids for p, s in zip(prompts, solo, strict=True)}
-    drafting.proposer = ReplayProposer(records, 0.5, drafting.model_config.vocab_size)
-    drafted = drafting.generate(prompts, seeded, cache_salt="drafted")
-    assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
-    for d, s in zip(drafted, solo, strict=True):
-        assert (d.token_ids, d.logprobs) == (s.token_ids, s.logprobs)
-    drafting.check_integrity()
+    drafted_equals_replayed(drafting, prompts, solo, seeded)

@@ -48,6 +48,7 @@ def test_registry_is_complete():
         "kv_write",
         "paged_attention",
         "gated_delta",
+        "expert_matmul",
         "greedy_tokens",
         "sample_tokens",
     }
@@ -365,3 +366,29 @@ def test_launch_choices_follow_the_device_and_dtype_never_the_rows(monkeypatch):
         assert common.pdl_launch(gpu)["PDL"]
         monkeypatch.setenv("LANES_PDL", "0")
         assert common.pdl_launch(gpu) == {"PDL": False}
+
+
+def test_expert_matmul_slots_do_not_depend_on_the_batch():
+    """A token's expert outputs alone, and in batches where its slots sit at other places of
+    their tiles and share them with other tokens' slots: bitwise equal; the down projection's
+    form (slots already in order, one row each) too."""
+    from lanes.kernels.expert_matmul import expert_matmul, expert_tiles
+
+    gen = torch.Generator().manual_seed(4)
+    e, k, n, depth = 6, 2, 40, 128
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn((e, 64, depth), generator=gen) * depth**-0.5).to(DEVICE, dtype)
+        x = torch.randn((n, depth), generator=gen).to(DEVICE, dtype)
+        experts = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(n)]).to(DEVICE)
+        token = 9
+        alone = expert_matmul(x[token : token + 1], w, expert_tiles(experts[token], e), k)
+        for m in (10, 25, n):
+            batch = expert_matmul(x[:m], w, expert_tiles(experts[:m].reshape(-1), e), k)
+            assert torch.equal(batch[token * k : token * k + k], alone), (dtype, m)
+        # slots already in order (one row each): the token's two slots behind two others of
+        # the same experts, so each sits second in its tile
+        rows = torch.cat([x[20 : 20 + k], x[token : token + 1].repeat(k, 1)])
+        slots_experts = experts[token].repeat(2)
+        down = expert_matmul(rows, w, expert_tiles(slots_experts, e), 1)
+        first = expert_matmul(rows[k:], w, expert_tiles(experts[token], e), 1)
+        assert torch.equal(down[k:], first)

@@ -12,6 +12,7 @@ from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.moe import route
 from tests.conftest import matches_transformers_over_chunks
+from tests.replay_drafts import drafted_equals_replayed
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog " * 3,
@@ -86,6 +87,41 @@ def test_drafted_equals_undrafted_with_ngram(moe):
     plain = engine.generate(PROMPTS, dataclasses.replace(params, draft=False))
     assert [d.token_ids for d in drafted] == [p.token_ids for p in plain]
     assert [d.logprobs for d in drafted] == [p.logprobs for p in plain]
+
+
+def test_on_the_triton_ops_experts_are_grouped_on_the_device(moe, monkeypatch):
+    """The MoE through the Triton ops (interpreted on the CPU, native on a GPU): the routed
+    MLPs run as grouped launches (kernels/expert_matmul.py), never the per-expert loop that reads
+    the routing on the host; greedy tokens equal transformers', seeded concurrent == solo and
+    drafted == undrafted bitwise."""
+    from lanes.ops import Ops
+
+    def host_loop(*args):
+        raise AssertionError("the Triton ops ran the per-expert loop")
+
+    monkeypatch.setattr(Ops, "experts", host_loop)
+    path, hf = moe
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = dict(kernels="triton", device=device, dtype="float32", max_tokens_per_round=40)
+    engine = build_engine(str(path), EngineConfig(**base))
+    assert engine.ops.name == "triton"
+    ids = engine.tokenizer.encode(PROMPTS[2])
+    (out,) = engine.generate([ids], SamplingParams(max_tokens=8, ignore_eos=True))
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert out.token_ids == ref[0, len(ids) :].tolist()
+
+    seeded = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
+    prompts = [ids, engine.tokenizer.encode(PROMPTS[1]), engine.tokenizer.encode(PROMPTS[3])]
+    solo = [engine.generate([p], seeded)[0] for p in prompts]
+    for s, b in zip(solo, engine.generate(prompts, seeded), strict=True):
+        assert (b.token_ids, b.logprobs) == (s.token_ids, s.logprobs)
+
+    drafting = build_engine(
+        str(path), EngineConfig(**base, num_draft_tokens=3, adaptive_drafts=False)
+    )
+    drafted_equals_replayed(drafting, prompts, solo, seeded)
 
 
 def test_bad_expert_layouts_are_refused():

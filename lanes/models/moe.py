@@ -4,9 +4,9 @@ A router scores the experts for each token (softmax in fp32); the token goes to 
 `experts_per_token` best (ties broken towards the lower expert id, so the choice never depends
 on sort internals), optionally with the chosen weights renormalised to sum to 1. Each expert is
 a SiLU MLP run on the rows routed to it. What keeps it batch-invariant: the expert linears are
-the ops' row-independent linears (a row's result does not depend on how many other rows chose
-that expert), and each token sums its experts' outputs in its own rank order, not in an order
-set by the batch.
+row-independent (a row's result does not depend on how many other rows chose that expert:
+`Ops.experts`; on the GPU one grouped launch per projection, kernels/expert_matmul.py), and
+each token sums its experts' outputs in its own rank order, not in an order set by the batch.
 """
 
 from __future__ import annotations
@@ -36,13 +36,7 @@ def moe_mlp(ops: Ops, x: torch.Tensor, layer: LayerWeights, cfg: ModelConfig) ->
     n, k = x.shape[0], cfg.experts_per_token
     weights, experts = route(ops.linear(x, layer.router), k, cfg.norm_topk_prob)
     weights = weights.to(x.dtype)
-    outputs = x.new_zeros(n * k, x.shape[1])  # row r * k + j: row r's j-th expert
-    chosen = experts.reshape(-1)
-    for e in torch.unique(chosen).tolist():  # a host read: the experts this batch uses
-        slots = (chosen == e).nonzero().squeeze(1)
-        gate_up = ops.linear(x[slots // k], layer.experts_gate_up[e])
-        outputs[slots] = ops.glu_linear(gate_up, layer.experts_down[e])
-    outputs = outputs.view(n, k, -1)
+    outputs = ops.experts(x, experts, layer.experts_gate_up, layer.experts_down).view(n, k, -1)
     total = outputs[:, 0] * weights[:, :1]
     for j in range(1, k):  # the token's own order: best expert first
         total = total + outputs[:, j] * weights[:, j : j + 1]
