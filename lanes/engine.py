@@ -40,7 +40,7 @@ from lanes.lane import Lane, LaneState
 from lanes.launched_chunks import LaunchedChunks
 from lanes.metrics import EngineMetrics, RoundRecord, add_counts
 from lanes.models import Checkpoint
-from lanes.penalties import process_logits
+from lanes.penalties import RowContext, process_logits, process_rows
 from lanes.recurrent import RecurrentStates
 from lanes.round_clock import RoundClock
 from lanes.rounds import LaneRound, Step, lane_rows, plan_round
@@ -50,6 +50,7 @@ from lanes.share import ShareAllocator
 from lanes.speculation import (
     choose_num_drafts,
     coupled_from_samples,
+    processes_on_device,
     record_verify,
     samples_on_device,
     verify,
@@ -742,7 +743,7 @@ class Engine:
                         self.recurrent.after_prefill(s.lane, s.end)
                     self._observe(s, rows_hidden, s.end)
                     continue
-                if sampled is not None and self._samples_on_device(s.lane.params):
+                if sampled is not None and sampled[0][rows.start] is not None:
                     tokens, logprobs = sampled[0][rows], sampled[1][rows]
                     emitted = coupled_from_samples(s.draft_ids, tokens, logprobs)
                     emitted = [(t, lp, None) for t, lp in emitted]
@@ -781,7 +782,8 @@ class Engine:
                 id(s.draft_source): s.draft_source for s in steps if s.draft_source is not None
             }.values()
         )
-        if not where and not sources:
+        processed = [s for s in steps if s.samples and self._processed_on_device(s.lane.params)]
+        if not where and not sources and not processed:
             return None, list(steps)
         parts = []
         if where:
@@ -802,12 +804,53 @@ class Engine:
             )
             for s in steps
         ]
-        if not where:
-            return None, steps
         by_row: tuple[list, list] = ([None] * row, [None] * row)
         for i, r in enumerate(where):
             by_row[0][r], by_row[1][r] = int(values[0][i]), values[1][i]
+        if processed:  # their rows' masks and penalties need the drafts on the host first
+            at, tokens, logprobs = self._sample_processed(steps, logits)
+            for i, r in enumerate(at):
+                by_row[0][r], by_row[1][r] = int(tokens[i]), logprobs[i]
         return by_row, steps
+
+    def _held_by_min_tokens(self, p: SamplingParams) -> frozenset[int]:
+        """The tokens min_tokens holds back: the stop ids, and EOS unless ignored."""
+        return frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_token_ids)
+
+    def _processed_on_device(self, params: SamplingParams) -> bool:
+        """A lane whose logits processing (grammar, penalties, logit_bias, min_p, min_tokens)
+        runs batched on the device, its rows then sampled by the device sampler. Never in an
+        overlapped round or a device round: its next row's mask needs this row's token."""
+        return self.ops.name == "triton" and processes_on_device(params, self.config.verify_mode)
+
+    def _sample_processed(
+        self, steps: Sequence[Step], logits: torch.Tensor
+    ) -> tuple[list[int], list[float], list[float]]:
+        """The rows of steps whose processing runs on the device: each row's context (the
+        lane's prompt, output and the drafts before the row; its grammar mask), processed in one
+        batch (lanes.penalties.process_rows) and sampled in one launch. Returns (logits rows,
+        tokens, logprobs). A grammar's masks stop at the first draft it forbids: that row's
+        sample cannot equal the draft, so no later row of the step is used."""
+        at, contexts, how = [], [], []
+        row = 0
+        for s in (s for s in steps if s.samples):
+            if self._processed_on_device(s.lane.params):
+                lane, p = s.lane, s.lane.params
+                stops = self._held_by_min_tokens(p)
+                allowed = None
+                for j in range(s.num_logits):
+                    history = self._row_history(s, j)
+                    if lane.grammar_cursor is not None and (
+                        allowed is None or bool(allowed[history[-1]])
+                    ):
+                        allowed = lane.grammar_cursor.allowed(history)
+                    at.append(row + j)
+                    contexts.append(RowContext(p, lane.prompt_ids, history, stops, allowed))
+                    how.append((p, s.first_sample_position + j))
+            row += s.num_logits
+        rows = logits[torch.tensor(at).to(logits.device, non_blocking=True)]
+        tokens, logprobs = to_host(*sample_rows(process_rows(rows, contexts), how, True))
+        return at, tokens, logprobs
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -826,9 +869,7 @@ class Engine:
         p, lane = s.lane.params, s.lane
         process = None
         if p.processes_logits:  # penalties etc. over the output so far and the drafts before
-            stops = frozenset(p.stop_token_ids) | (
-                frozenset() if p.ignore_eos else self.eos_token_ids
-            )
+            stops = self._held_by_min_tokens(p)
             cursor = lane.grammar_cursor  # made with the lane (make_lane)
 
             def process(j: int, row: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -57,4 +58,97 @@ def process_logits(
     if params.min_p > 0 and not params.is_greedy:
         floor = out.max() + params.temperature * math.log(params.min_p)
         out = out.masked_fill(out < floor, float("-inf"))
+    return out
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What one logits row's processing reads (process_logits' arguments, plain data), and the
+    grammar's allowed tokens at its position (bool [vocab] on the host; None: no grammar)."""
+
+    params: SamplingParams
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    stop_ids: frozenset[int]
+    allowed: torch.Tensor | None = None
+
+
+def process_rows(logits: torch.Tensor, rows: Sequence[RowContext]) -> torch.Tensor:
+    """logits [R, vocab] -> float32 [R, vocab]: row i as apply_mask (its grammar) then
+    process_logits would give it, for all rows at once on logits' device: the host's index lists
+    travel in one copy per kind, and each step is one elementwise op over the rows it concerns,
+    so a row's values are the same bits as when it is processed alone."""
+    out = logits.float().clone()
+    vocab, device = out.shape[1], out.device
+
+    def upload(values, dtype) -> torch.Tensor:
+        pinned = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+        return pinned.to(device, non_blocking=True)
+
+    def cells(pairs) -> tuple[torch.Tensor, torch.Tensor]:  # (row ids, token ids)
+        flat = upload([x for pair in pairs for x in pair], torch.int64).view(-1, 2)
+        return flat[:, 0], flat[:, 1]
+
+    def per_row(values) -> torch.Tensor:  # a row's scalar, as a column
+        return upload(values, torch.float32).view(-1, 1)
+
+    masked = [i for i, r in enumerate(rows) if r.allowed is not None]
+    if masked:
+        allowed = torch.stack([rows[i].allowed for i in masked])
+        if device.type == "cuda":
+            allowed = allowed.pin_memory()
+        idx = upload(masked, torch.int64)
+        forbidden = ~allowed.to(device, non_blocking=True)
+        out[idx] = out[idx].masked_fill(forbidden, float("-inf"))
+    biased = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias]
+    if biased:
+        at = cells([(i, t) for i, t, _ in biased])
+        out.index_put_(at, upload([b for *_, b in biased], torch.float32), accumulate=True)
+    held = [
+        (i, t)
+        for i, r in enumerate(rows)
+        if len(r.output_ids) < r.params.min_tokens
+        for t in sorted(r.stop_ids)
+        if t < vocab
+    ]
+    if held:
+        out[cells(held)] = float("-inf")
+    repeating = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+    if repeating:
+        seen = torch.zeros((len(repeating), vocab), dtype=torch.bool, device=device)
+        ids = [
+            (j, t)
+            for j, i in enumerate(repeating)
+            for t in (*rows[i].prompt_ids, *rows[i].output_ids)
+            if 0 <= t < vocab
+        ]
+        if ids:
+            seen[cells(ids)] = True
+        p = per_row([rows[i].params.repetition_penalty for i in repeating])
+        idx = upload(repeating, torch.int64)
+        part = out[idx]
+        out[idx] = torch.where(seen, torch.where(part > 0, part / p, part * p), part)
+    penalised = [
+        i
+        for i, r in enumerate(rows)
+        if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids
+    ]
+    if penalised:
+        counts = torch.zeros((len(penalised), vocab), dtype=torch.float32, device=device)
+        ids = [
+            (j, t) for j, i in enumerate(penalised) for t in rows[i].output_ids if 0 <= t < vocab
+        ]
+        if ids:
+            counts.index_put_(cells(ids), torch.ones(len(ids), device=device), accumulate=True)
+        frequency = per_row([rows[i].params.frequency_penalty for i in penalised])
+        presence = per_row([rows[i].params.presence_penalty for i in penalised])
+        idx = upload(penalised, torch.int64)
+        out[idx] = out[idx] - (frequency * counts + presence * (counts > 0).float())
+    floored = [i for i, r in enumerate(rows) if r.params.min_p > 0 and not r.params.is_greedy]
+    if floored:
+        idx = upload(floored, torch.int64)
+        part = out[idx]
+        shift = [rows[i].params.temperature * math.log(rows[i].params.min_p) for i in floored]
+        floor = part.max(dim=-1, keepdim=True).values + per_row(shift)
+        out[idx] = part.masked_fill(part < floor, float("-inf"))
     return out

@@ -103,6 +103,17 @@ def samples_on_device(params: SamplingParams, verify_mode: str) -> bool:
     )
 
 
+def processes_on_device(params: SamplingParams, verify_mode: str) -> bool:
+    """Whether a lane's rows are processed (lanes.penalties.process_rows) and sampled in a batch
+    on the device: those samples_on_device leaves out for their logits processing alone. Also a
+    function of the parameters and mode only."""
+    return (
+        params.top_logprobs == 0
+        and params.processes_logits
+        and (params.is_greedy or verify_mode == "coupled")
+    )
+
+
 def coupled_from_samples(
     drafts: tuple[int, ...], tokens: list[int], logprobs: list[float]
 ) -> list[tuple[int, float]]:
