@@ -3,6 +3,8 @@
     python bench/bench_generate.py [--model M] [--device cpu] [--new-tokens 64] [--repeats 5]
         [--modes exact,fast] [--dtypes auto]      (e.g. --modes exact --dtypes float32,bfloat16)
         [--row-tiles 16,2]     (exact mode on the CPU: the linears' fixed row tile, lanes.ops.ROW_TILE)
+        [--weight-major on,off]  (exact mode on the CPU: weight @ tile.T or tile @ weight.T,
+                                  lanes.ops.WEIGHT_MAJOR)
         [--prefill 1000]       (also: time to first token of a fresh prompt of that many tokens)
         [--context 1500]       (also: decode tok/s after a cached prompt of that many tokens)
 
@@ -36,6 +38,7 @@ def main() -> None:
     ap.add_argument("--modes", default="exact,fast")
     ap.add_argument("--dtypes", default="auto", help="comma-separated: auto, float32, bfloat16")
     ap.add_argument("--row-tiles", default=None, help="comma-separated ROW_TILE values to compare")
+    ap.add_argument("--weight-major", default=None, help="comma-separated on/off to compare")
     ap.add_argument("--prefill", type=int, default=0, help="also time a fresh N-token prompt")
     ap.add_argument("--context", type=int, default=0, help="also decode after an N-token prompt")
     args = ap.parse_args()
@@ -43,17 +46,25 @@ def main() -> None:
     ckpt = open_checkpoint(args.model)
     dtypes = args.dtypes.split(",")
     tiles = [int(t) for t in args.row_tiles.split(",")] if args.row_tiles else [ops.ROW_TILE]
-    engines, row_tile = {}, {}
+    forms = (
+        [f == "on" for f in args.weight_major.split(",")]
+        if args.weight_major
+        else [ops.WEIGHT_MAJOR]
+    )
+    engines, row_tile, weight_major = {}, {}, {}
     for mode in args.modes.split(","):
         for dtype in dtypes:
             for tile in tiles:
-                name = mode + (f"-{dtype}" if len(dtypes) > 1 else "")
-                name += f"-tile{tile}" if len(tiles) > 1 else ""
-                engines[name] = build_engine(
-                    checkpoint=ckpt,
-                    config=EngineConfig(device=args.device, exact=mode == "exact", dtype=dtype),
-                )
-                row_tile[name] = tile  # each engine its own prompt cache: no KV crosses tiles
+                for form in forms:
+                    name = mode + (f"-{dtype}" if len(dtypes) > 1 else "")
+                    name += f"-tile{tile}" if len(tiles) > 1 else ""
+                    name += ("-weight-major" if form else "-rows-major") if len(forms) > 1 else ""
+                    engines[name] = build_engine(
+                        checkpoint=ckpt,
+                        config=EngineConfig(device=args.device, exact=mode == "exact", dtype=dtype),
+                    )
+                    # each engine its own prompt cache: no KV crosses tiles or forms
+                    row_tile[name], weight_major[name] = tile, form
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {m: [] for m in engines}
     ttfts: dict[str, list[float]] = {m: [] for m in engines}
@@ -63,7 +74,7 @@ def main() -> None:
     prompt_len = 0
     for i in range(args.repeats + 1):
         for mode, engine in engines.items():
-            ops.ROW_TILE = row_tile[mode]
+            ops.ROW_TILE, ops.WEIGHT_MAJOR = row_tile[mode], weight_major[mode]
             start = time.perf_counter()
             (out,) = engine.generate([PROMPT], params)
             if i > 0:
@@ -120,8 +131,8 @@ def main() -> None:
             extra += f"   decode after {args.context}: "
             extra += f"{r[f'decode_after_{args.context}_tok_s']:.1f} tok/s"
         print(f"{mode:14} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}{extra}")
-    result["row_tiles"] = row_tile
-    plain = args.modes == "exact,fast" and args.dtypes == "auto" and len(tiles) == 1
+    result["row_tiles"], result["weight_major"] = row_tile, weight_major
+    plain = args.modes == "exact,fast" and args.dtypes == "auto" and len(tiles) == len(forms) == 1
     tag = "" if plain else "-" + "-".join(engines)
     out = Path(__file__).parent / "results" / f"generate-{args.device}{tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

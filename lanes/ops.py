@@ -10,6 +10,8 @@ implement the same interface on the GPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -27,6 +29,11 @@ ROW_TILE = 2
 # matrix and the weight as the vector, and a row's sum depends on its place in the tile (found by
 # the MoE shared-expert gate, N = 1); 16-row tiles are a GEMM whatever the weight.
 NARROW, NARROW_ROW_TILE = 8, 16
+# A tile as weight @ tile.T (the weight the row-major operand) rather than tile @ weight.T: on an
+# AMD EPYC with 2 threads MKL streamed a 2-row tile's weight at ~6 GB/s the usual way and at
+# memory speed this way (bench/NOTES.md). Taken per weight shape where this machine's BLAS gives
+# a row the same bits in either column of the tile (`weight_major_is_invariant`).
+WEIGHT_MAJOR = True
 
 
 class Ops:
@@ -161,13 +168,38 @@ def _by_row_tiles(fn, x: torch.Tensor, tile: int | None = None) -> torch.Tensor:
     return out[:rows]
 
 
+@functools.cache
+def weight_major_is_invariant(n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether weight [n, k] @ tile.T, for 2-row tiles, gives a row the same bits in either
+    column whatever the other row holds, with this machine's BLAS (checked on random values: a
+    kernel that treats the columns differently shows it at once, as MKL does for n = 1)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn((n, k), generator=gen).to(dtype)
+    a, b, c = torch.randn((3, k), generator=gen).to(dtype)
+
+    def column(first: torch.Tensor, second: torch.Tensor, j: int) -> torch.Tensor:
+        return torch.mm(w, torch.stack([first, second]).T)[:, j]
+
+    return torch.equal(column(a, b, 0), column(c, a, 1)) and torch.equal(
+        column(a, b, 1), column(b, c, 0)
+    )
+
+
 class ExactOps(Ops):
     name = "exact"
     is_batch_invariant = True
 
     def _linear(self, x, weight, bias=None):
-        tile = NARROW_ROW_TILE if weight.shape[0] < NARROW else ROW_TILE
-        return _by_row_tiles(lambda t: F.linear(t, weight, bias), x, tile)
+        if weight.shape[0] < NARROW:
+            return _by_row_tiles(lambda t: F.linear(t, weight, bias), x, NARROW_ROW_TILE)
+        if WEIGHT_MAJOR and weight_major_is_invariant(*weight.shape, weight.dtype):
+
+            def tile(t: torch.Tensor) -> torch.Tensor:
+                out = torch.mm(weight, t.T).T  # t.T a view: the layout MKL streams fastest
+                return out if bias is None else out + bias
+
+            return _by_row_tiles(tile, x)
+        return _by_row_tiles(lambda t: F.linear(t, weight, bias), x)
 
     def rms_norm(self, x, weight, eps):
         return _by_row_tiles(lambda t: rms_norm(t, weight, eps), x)

@@ -190,3 +190,33 @@ def test_negative_control_sdpa_rows_change_with_the_chunk():
     from lanes.attention import sdpa_attention
 
     assert not _attention_rows_agree(sdpa_attention)
+
+
+@pytest.mark.parametrize("weight_major", [True, False], ids=["weight-major", "rows-major"])
+def test_exact_linear_rows_do_not_depend_on_their_company(monkeypatch, weight_major):
+    """ExactOps' linear, in either form of its 2-row tiles (weight @ tile.T where this machine's
+    BLAS keeps a column's bits, else tile @ weight.T) and for narrow weights (16-row tiles): a
+    row's result is the same bits alone, second in a tile, and among 37 rows."""
+    import lanes.ops as ops
+
+    monkeypatch.setattr(ops, "WEIGHT_MAJOR", weight_major)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn((37, 96), generator=gen)
+    for n in (1, 7, 130, 512):
+        w = torch.randn((n, 96), generator=gen)
+        bias = torch.randn((n,), generator=gen)
+        alone = ops.ExactOps().linear(x[5:6], w, bias)
+        assert torch.equal(ops.ExactOps().linear(x[4:6], w, bias)[1:], alone), n
+        assert torch.equal(ops.ExactOps().linear(x, w, bias)[5:6], alone), n
+
+
+def test_weight_major_tiles_only_where_the_probe_keeps_a_columns_bits(monkeypatch):
+    """A weight shape whose probe fails (as MKL's does for one output row on some CPUs) keeps the
+    tile @ weight.T form: its results are F.linear's over the same tiles."""
+    import lanes.ops as ops
+
+    gen = torch.Generator().manual_seed(6)
+    x, w = torch.randn((4, 64), generator=gen), torch.randn((16, 64), generator=gen)
+    rows_major = torch.cat([torch.nn.functional.linear(x[i : i + 2], w) for i in (0, 2)])
+    monkeypatch.setattr(ops, "weight_major_is_invariant", lambda *shape: False)
+    assert torch.equal(ops.ExactOps().linear(x, w), rows_major)
