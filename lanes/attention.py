@@ -60,8 +60,9 @@ def _exact_one_seq(q, k_cache, v_cache, kv_slots, first_position):
     num_tiles = -(-context_len // KEY_TILE)
     pad_k = num_tiles * KEY_TILE - context_len
     slots = torch.cat([kv_slots, kv_slots[:1].expand(pad_k)]) if pad_k else kv_slots
-    k = k_cache[slots].float().view(num_tiles, KEY_TILE, num_kv_heads, head_dim)
-    v = v_cache[slots].float().view(num_tiles, KEY_TILE, num_kv_heads, head_dim)
+    # index_select, not k_cache[slots]: the same copy, several times faster on the CPU
+    k = k_cache.index_select(0, slots).float().view(num_tiles, KEY_TILE, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, slots).float().view(num_tiles, KEY_TILE, num_kv_heads, head_dim)
     k = k.permute(2, 0, 3, 1)  # [num_kv_heads, num_tiles, head_dim, KEY_TILE]
     v = v.permute(2, 0, 1, 3)  # [num_kv_heads, num_tiles, KEY_TILE, head_dim]
     key_pos = torch.arange(num_tiles * KEY_TILE, device=q.device).view(num_tiles, 1, KEY_TILE)
