@@ -138,10 +138,35 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     if args.tokenizer:
         checkpoint = with_tokenizer(model, args.tokenizer)
-        serve(build_engine(checkpoint=checkpoint, config=config), **options)
+        serve(_off_the_main_thread(build_engine, checkpoint=checkpoint, config=config), **options)
         return 0
-    serve(build_engine(model, config), **options)
+    serve(_off_the_main_thread(build_engine, model, config), **options)
     return 0
+
+
+def _off_the_main_thread(fn, *args, **kwargs):
+    """fn(*args, **kwargs) in a thread of its own, which then exits. torch's CPU threads are GNU
+    OpenMP's: every thread that runs parallel ops keeps its own pool of workers, and once there
+    are more of them than cores, libgomp puts its workers to sleep between parallel regions. The
+    weights' load runs parallel ops; had it run on the main thread, the engine thread's would
+    have run with two pools alive — 1.5-2x slower on the 2-core dev box (bench/NOTES.md). A
+    thread that exits takes its pool with it."""
+    import threading
+
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # raised again on the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, name="lanes-load")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def with_tokenizer(model: str | None, tokenizer_dir: str):

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _lanes(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -108,3 +110,26 @@ def test_bad_gguf_is_one_line_error(tiny_models, tmp_path, capsys):
         path.write_bytes(content)
         words = str(2**62) if words == "2^62" else words
         _one_line_error(path, name, words, capsys=capsys)
+
+
+def test_the_engine_is_built_on_a_thread_that_exits():
+    """`lanes serve` builds its engine on a thread of its own (its OpenMP pool goes with it):
+    the value comes back, an error is raised on the caller's thread, and the thread is gone."""
+    import threading
+
+    from lanes.cli import _off_the_main_thread
+
+    seen = []
+
+    def build(x, scale=1):
+        seen.append(threading.current_thread())
+        return x * scale
+
+    assert _off_the_main_thread(build, 3, scale=2) == 6
+    assert seen[0] is not threading.main_thread() and not seen[0].is_alive()
+
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        _off_the_main_thread(broken)
