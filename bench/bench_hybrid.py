@@ -1,9 +1,9 @@
 """A hybrid (gated DeltaNet + gated attention) or a mixture of experts on random weights of a
 real shape: lanes' batch-1 decode and long-prompt prefill in exact mode, and transformers' own
-implementation (Qwen3.5, Qwen3-MoE) on the same shape in the same run (issue 18's GPU figures).
+implementation (Qwen3.5, Qwen3.5-MoE, Qwen3-MoE) on the same shape in the same run (issue 18's GPU figures).
 
     python -m bench.bench_hybrid [--shape qwen3.5-2b-like] [--prefill 8192] [--repeats 3]
-    python -m bench.bench_hybrid --shape qwen3-30b-a3b-like
+    python -m bench.bench_hybrid --shape qwen3-30b-a3b-like   (or qwen3.5-35b-a3b-like)
 
 Writes bench/results/hybrid-<shape>-<device>.json. transformers runs its own weights (random,
 the same shape): the comparison is of speed, not of outputs.
@@ -27,8 +27,8 @@ from lanes.config import ModelConfig
 
 
 def hf_model(config: ModelConfig, device: str):
-    """transformers' Qwen3_5ForCausalLM (or Qwen3MoeForCausalLM) of this shape, random bf16
-    weights on the device."""
+    """transformers' Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM or Qwen3MoeForCausalLM of this
+    shape, random bf16 weights on the device."""
     import transformers
 
     if config.family == "qwen3_moe":
@@ -44,7 +44,7 @@ def hf_model(config: ModelConfig, device: str):
             rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
         )
         return hf_random_model(transformers.Qwen3MoeForCausalLM, hf_config, device)
-    hf_config = transformers.Qwen3_5TextConfig(
+    hybrid = dict(
         **hf_fields(config),
         layer_types=list(config.layer_types),
         linear_num_key_heads=config.linear_num_key_heads,
@@ -59,6 +59,16 @@ def hf_model(config: ModelConfig, device: str):
             "partial_rotary_factor": config.rotary_dim / config.head_dim,
         },
     )
+    if config.family == "qwen3_5_moe":
+        hf_config = transformers.Qwen3_5MoeTextConfig(
+            **hybrid,
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.experts_per_token,
+            moe_intermediate_size=config.moe_intermediate_size,
+            shared_expert_intermediate_size=config.shared_expert_intermediate_size,
+        )
+        return hf_random_model(transformers.Qwen3_5MoeForCausalLM, hf_config, device)
+    hf_config = transformers.Qwen3_5TextConfig(**hybrid)
     return hf_random_model(transformers.Qwen3_5ForCausalLM, hf_config, device)
 
 

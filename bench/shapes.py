@@ -132,6 +132,27 @@ QWEN3_30B_A3B_LIKE = ModelConfig(
     norm_topk_prob=True,
     moe_layers=tuple(range(48)),
 )
+# A Qwen3.5-35B-A3B-like hybrid MoE: transformers' Qwen3_5MoeTextConfig defaults (40 layers of
+# three gated DeltaNets then gated attention, 256 experts of 512, 8 per token, a shared expert
+# of 512, 32 value heads over 16 key heads); not a released checkpoint's exact config
+QWEN35_35B_A3B_LIKE = dataclasses.replace(
+    QWEN35_2B_LIKE,
+    family="qwen3_5_moe",
+    intermediate_size=512,
+    num_layers=40,
+    num_heads=16,
+    tie_word_embeddings=False,
+    layer_types=tuple(
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)
+    ),
+    linear_num_value_heads=32,
+    num_experts=256,
+    experts_per_token=8,
+    moe_intermediate_size=512,
+    norm_topk_prob=True,
+    moe_layers=tuple(range(40)),
+    shared_expert_intermediate_size=512,
+)
 # the same layout at the TINY width, for GPU tests
 TINY_MOE = dataclasses.replace(
     TINY, family="qwen3_moe", qk_norm=True, num_experts=8, experts_per_token=2,
@@ -143,6 +164,7 @@ SHAPES = {
     "smollm2-135m": SMOLLM2_135M,
     "qwen3.5-2b-like": QWEN35_2B_LIKE,
     "qwen3-30b-a3b-like": QWEN3_30B_A3B_LIKE,
+    "qwen3.5-35b-a3b-like": QWEN35_35B_A3B_LIKE,
     "tiny": TINY,
     "tiny-moe": TINY_MOE,
 }

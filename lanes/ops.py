@@ -192,7 +192,11 @@ class ExactOps(Ops):
     def _linear(self, x, weight, bias=None):
         if weight.shape[0] < NARROW:
             return _by_row_tiles(lambda t: F.linear(t, weight, bias), x, NARROW_ROW_TILE)
-        if WEIGHT_MAJOR and weight_major_is_invariant(*weight.shape, weight.dtype):
+        if (  # the probe ran on a contiguous weight: others keep the usual form
+            WEIGHT_MAJOR
+            and weight.is_contiguous()
+            and weight_major_is_invariant(*weight.shape, weight.dtype)
+        ):
 
             def tile(t: torch.Tensor) -> torch.Tensor:
                 out = torch.mm(weight, t.T).T  # t.T a view: the layout MKL streams fastest
