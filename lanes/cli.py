@@ -161,7 +161,8 @@ def _off_the_main_thread(fn, *args, **kwargs):
         except BaseException as e:  # raised again on the caller's thread
             result["error"] = e
 
-    thread = threading.Thread(target=run, name="lanes-load")
+    # a daemon: Ctrl-C during a long download ends the process instead of waiting for the load
+    thread = threading.Thread(target=run, name="lanes-load", daemon=True)
     thread.start()
     thread.join()
     if "error" in result:
