@@ -192,9 +192,10 @@ class ExactOps(Ops):
     def _linear(self, x, weight, bias=None):
         if weight.shape[0] < NARROW:
             return _by_row_tiles(lambda t: F.linear(t, weight, bias), x, NARROW_ROW_TILE)
-        if (  # the probe ran on a contiguous weight: others keep the usual form
+        if (  # as the probe's weight: contiguous and aligned (MKL's rounding follows alignment)
             WEIGHT_MAJOR
             and weight.is_contiguous()
+            and weight.data_ptr() % 64 == 0
             and weight_major_is_invariant(*weight.shape, weight.dtype)
         ):
 

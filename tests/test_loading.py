@@ -30,3 +30,18 @@ def test_tied_embeddings_share_the_table(tiny_models):
     assert w.lm_head.data_ptr() == w.embed.data_ptr()
     u = untied.runner.decoder.weights
     assert u.lm_head.data_ptr() != u.embed.data_ptr()
+
+
+def test_weights_get_their_own_aligned_memory():
+    """A weight that sits at an odd offset (a view into a memory-mapped shard) is copied to
+    aligned memory: MKL rounds weight @ tile.T differently at another alignment, so the same
+    weights would otherwise give other bits depending on how the checkpoint was split."""
+    from lanes.models.weights import _own_memory
+
+    buf = torch.arange(1 + 96 * 64, dtype=torch.float32)
+    view = buf[1:].view(96, 64)  # 4 bytes past an aligned start
+    assert view.data_ptr() % 64 != 0
+    owned = _own_memory(view)
+    assert owned.data_ptr() % 64 == 0 and owned.is_contiguous() and torch.equal(owned, view)
+    aligned = torch.empty((96, 64))
+    assert _own_memory(aligned) is aligned  # nothing copied when nothing needs it

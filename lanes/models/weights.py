@@ -182,6 +182,16 @@ class DecoderWeights:
         return total
 
 
+def _own_memory(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous and 64-byte aligned, copied if the file's layout left it otherwise (a view
+    into a memory-mapped shard at any offset): CPU BLAS kernels can round a weight's products
+    differently at another alignment, and the same weights must give the same bits however the
+    checkpoint was split (found by tests/test_loading.py)."""
+    if t.is_contiguous() and t.data_ptr() % 64 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def dense(weight: torch.Tensor | PackedWeight) -> torch.Tensor:
     """A float tensor of the weight (packed codes dequantized)."""
     return weight.rows(0, weight.shape[0]) if isinstance(weight, PackedWeight) else weight
@@ -214,7 +224,7 @@ def assemble(
             raise WeightError(f"tensor {name} has dtype {t.dtype}, expected a floating type")
         finite(name, t)
         progress(1)
-        return t.to(device=device, dtype=dtype)
+        return _own_memory(t.to(device=device, dtype=dtype))
 
     def cat(*names: str) -> torch.Tensor | PackedWeight:
         parts = [get(n) for n in names]
