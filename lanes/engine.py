@@ -770,19 +770,23 @@ class Engine:
         steps with their draft ids on the host."""
         where = []  # logits rows the device samples
         how = []  # (params, position) of each of them
+        processed = []  # (index in steps, first logits row) of steps processed on the device
         row = 0
-        for s in (s for s in steps if s.samples):
+        for i, s in enumerate(steps):
+            if not s.samples:
+                continue
             if self.ops.name == "triton" and self._samples_on_device(s.lane.params):
                 where += range(row, row + s.num_logits)
                 first = s.first_sample_position
                 how += [(s.lane.params, first + j) for j in range(s.num_logits)]
+            elif self._processed_on_device(s.lane.params):
+                processed.append((i, row))
             row += s.num_logits
         sources = list(
             {
                 id(s.draft_source): s.draft_source for s in steps if s.draft_source is not None
             }.values()
         )
-        processed = [s for s in steps if s.samples and self._processed_on_device(s.lane.params)]
         if not where and not sources and not processed:
             return None, list(steps)
         parts = []
@@ -808,7 +812,9 @@ class Engine:
         for i, r in enumerate(where):
             by_row[0][r], by_row[1][r] = int(values[0][i]), values[1][i]
         if processed:  # their rows' masks and penalties need the drafts on the host first
-            at, tokens, logprobs = self._sample_processed(steps, logits)
+            at, tokens, logprobs = self._sample_processed(
+                [(steps[i], first) for i, first in processed], logits
+            )
             for i, r in enumerate(at):
                 by_row[0][r], by_row[1][r] = int(tokens[i]), logprobs[i]
         return by_row, steps
@@ -824,30 +830,27 @@ class Engine:
         return self.ops.name == "triton" and processes_on_device(params, self.config.verify_mode)
 
     def _sample_processed(
-        self, steps: Sequence[Step], logits: torch.Tensor
+        self, steps: Sequence[tuple[Step, int]], logits: torch.Tensor
     ) -> tuple[list[int], list[float], list[float]]:
-        """The rows of steps whose processing runs on the device: each row's context (the
-        lane's prompt, output and the drafts before the row; its grammar mask), processed in one
-        batch (lanes.penalties.process_rows) and sampled in one launch. Returns (logits rows,
-        tokens, logprobs). A grammar's masks stop at the first draft it forbids: that row's
-        sample cannot equal the draft, so no later row of the step is used."""
+        """The rows of (step, its first logits row) pairs whose processing runs on the device:
+        each row's context (the lane's prompt, output and the drafts before the row; its grammar
+        mask), processed in one batch (lanes.penalties.process_rows) and sampled in one launch.
+        Returns (logits rows, tokens, logprobs). A grammar's masks stop at the first draft it
+        forbids: that row's sample cannot equal the draft, so no later row of the step is used."""
         at, contexts, how = [], [], []
-        row = 0
-        for s in (s for s in steps if s.samples):
-            if self._processed_on_device(s.lane.params):
-                lane, p = s.lane, s.lane.params
-                stops = self._held_by_min_tokens(p)
-                allowed = None
-                for j in range(s.num_logits):
-                    history = self._row_history(s, j)
-                    if lane.grammar_cursor is not None and (
-                        allowed is None or bool(allowed[history[-1]])
-                    ):
-                        allowed = lane.grammar_cursor.allowed(history)
-                    at.append(row + j)
-                    contexts.append(RowContext(p, lane.prompt_ids, history, stops, allowed))
-                    how.append((p, s.first_sample_position + j))
-            row += s.num_logits
+        for s, row in steps:
+            lane, p = s.lane, s.lane.params
+            stops = self._held_by_min_tokens(p)
+            allowed = None
+            for j in range(s.num_logits):
+                history = self._row_history(s, j)
+                if lane.grammar_cursor is not None and (
+                    allowed is None or bool(allowed[history[-1]])
+                ):
+                    allowed = lane.grammar_cursor.allowed(history)
+                at.append(row + j)
+                contexts.append(RowContext(p, lane.prompt_ids, history, stops, allowed))
+                how.append((p, s.first_sample_position + j))
         rows = logits[torch.tensor(at).to(logits.device, non_blocking=True)]
         tokens, logprobs = to_host(*sample_rows(process_rows(rows, contexts), how, True))
         return at, tokens, logprobs
