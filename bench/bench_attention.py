@@ -5,9 +5,13 @@ and whether the prompt's last rows have the bits a decode step (1 query) and a 3
 give them.
 
     python -m bench.bench_attention [--lengths 8192 32768] [--out FILE]
+    python -m bench.bench_attention --decode [--lengths 512 2048 8192 32768] [--lanes 1 8]
 
-`--baseline` times only the layout make_meta gives by default, with the arguments every version
-of kernels/attention.py takes (for a before/after run of an older tree).
+`--decode`: decode (1 query) and verify (5 queries) steps instead, every lane with the whole
+context, timed as graph replays: µs per call and the K/V bytes read per second.
+
+`--baseline` times only the layout the engine takes (rows_for), with the arguments every version
+of kernels/attention.py since the ninth session takes (for a before/after run of an older tree).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from bench.bench_matmul import event_us
+from bench.bench_matmul import event_us, graph_us
 from lanes.kernels import attention
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
@@ -48,9 +52,10 @@ def run(q, kc, vc, slots, first: int, rows: int | None, stages: int | None, bloc
     length = slots.shape[0]
     seqs = [(0, length - first, length, slots)]
     group = HQ // HKV
-    if rows is None:  # --baseline: what every tree's make_meta/paged_attention take
+    if rows is None:  # --baseline: the layout the engine takes, arguments every tree has
+        layout = attention.rows_for(length - first, q.dtype, q.device)
         return attention.paged_attention(
-            q[first:].contiguous(), kc, vc, attention.make_meta(seqs, group, q.device)
+            q[first:].contiguous(), kc, vc, attention.make_meta(seqs, group, q.device, layout)
         )
     meta = attention.make_meta(seqs, group, q.device, rows)
     return attention.paged_attention(
@@ -90,13 +95,39 @@ def length_row(length: int, baseline: bool) -> dict:
     return row
 
 
+def decode_row(length: int, lanes: int, queries: int) -> dict:
+    """One decode/verify step of `lanes` lanes, each with `length` positions of context."""
+    gen = torch.Generator(device="cuda").manual_seed(length + lanes)
+    q, kc, vc, slots = case(length * lanes, gen)
+    q = q[: lanes * queries].contiguous()
+    seqs = [
+        (i * queries, queries, length, slots[i * length : (i + 1) * length]) for i in range(lanes)
+    ]
+    meta = attention.make_meta(seqs, HQ // HKV, q.device)
+    us = graph_us(lambda: attention.paged_attention(q, kc, vc, meta))
+    kv_bytes = lanes * length * HKV * D * 2 * kc.element_size()
+    return {"us": us, "kv_tb_per_s": kv_bytes / us / 1e6}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--baseline", action="store_true")
+    ap.add_argument("--decode", action="store_true", help="decode and verify steps instead")
+    ap.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--out", default="bench/results/attention-h200.json")
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "heads": [HQ, HKV, D], "lengths": {}}
+    if args.decode:
+        for length in args.lengths:
+            for lanes in args.lanes:
+                for queries in (1, 5):
+                    row = decode_row(length, lanes, queries)
+                    report["lengths"][f"{length} lanes={lanes} queries={queries}"] = row
+                    print(length, lanes, queries, json.dumps(row), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        return
     for length in args.lengths:
         row = length_row(length, args.baseline)
         report["lengths"][str(length)] = row

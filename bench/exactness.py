@@ -48,6 +48,7 @@ def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str)
             ids.append(rid)
             in_flight += 1
         for c in engine.step():
+            failed(c)
             out[index_of[c.request_id]] = c.token_ids
             in_flight -= 1
     return [out[i] for i in range(len(prompts))]
@@ -71,7 +72,15 @@ def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[list[int], i
         finally:
             engine.cancel_check = None
     (out,) = engine.generate([prompt], params, cache_salt=salt)
+    failed(out)
     return out.token_ids, out.cached_tokens
+
+
+def failed(completion) -> None:
+    """A request that failed has no tokens to compare: two empty outputs would count as equal,
+    so the harness stops instead (a GPU run once reported 0 mismatches over failed requests)."""
+    if completion.error:
+        raise RuntimeError(f"request {completion.request_id} failed: {completion.error}")
 
 
 def mismatches(got: list[list[int]], want: list[list[int]]) -> list[int]:

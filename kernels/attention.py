@@ -7,6 +7,15 @@ entirely past a row's position leaves that row's state unchanged bitwise, so a q
 same bits whether it is decoded alone, verified with drafts, or computed inside any prefill
 chunk. Tiles below the program's first query skip the causal mask (same bits: see _attend_tile);
 long prompts take twice the rows per program; the last query tiles start first.
+
+Key partitions (flash-decoding, with fixed bits): the tiles are grouped into partitions of
+PART_TILES tiles at absolute positions; each partition's online softmax starts afresh, and the
+partitions' states are merged in ascending order (`_merge`). A prefill program merges them in
+registers as it walks; a decode or verify forward with few programs computes the partitions in
+parallel programs (`_split` launches), stores their states, and merges them in a second launch
+with the same arithmetic. The kernels are compiled without fp fusion (common.unfused_launch):
+each multiply and add rounds on its own unless the source says fma, so the two routes give a
+row the same bits.
 """
 
 from __future__ import annotations
@@ -17,11 +26,25 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import check, interpreting, pdl_launch, wait_for_inputs
+from lanes.kernels.common import (
+    check,
+    interpreting,
+    pdl_launch,
+    unfused_launch,
+    wait_for_inputs,
+)
 
 # keys per tile: a row's bits depend on it (the online softmax rescales at every tile), so every
-# forward uses the same. 128 ran prefill 1.3-1.4x faster than 64 on the H200 (bench_attention)
+# forward of a model uses the same (key_tile). 128 ran prefill 1.3-1.4x faster than 64 on the
+# H200 (bench_attention); heads of 256 (Qwen3.5) take 64, whose K and V tiles fit shared memory
 BLOCK_N = 128
+# tiles per key partition: a row's bits depend on it too. Long enough that a prefill program
+# merges rarely, short enough that a decode step at a few thousand positions has enough programs
+PART_TILES = 4
+# a decode/verify forward with fewer (query tile, KV head) programs than this computes the
+# partitions in parallel programs (about 2 per SM on the H200)
+SPLIT_BELOW_PROGRAMS = 256
+SPLIT_SCRATCH_BYTES = 64 << 20  # the partitions' states, per forward, at most
 BLOCK_ROWS = 64  # rows per program: BLOCK_Q queries x GROUP heads, padded to a power of two
 # long prompts: twice the rows per program (8 warps), so each key tile loaded serves more queries.
 # A row's bits do not depend on how many rows share its tensor-core tile (checked on the H200:
@@ -44,18 +67,25 @@ class AttentionMeta:
     kv_off: torch.Tensor  # [num_seqs] int64: offset of the lane's slots in kv_slots
     kv_slots: torch.Tensor  # [sum ctx_len] int64: slot of every context position, lane by lane
     block_q: int
+    max_ctx: int  # the longest context any lane may have (graphs: their capacity)
+
+
+def key_tile(head_dim: int) -> int:
+    """Keys per tile for this head size (a model's forwards all use the same)."""
+    return BLOCK_N if head_dim <= 128 else 64
 
 
 def block_q_for(group: int, rows: int = BLOCK_ROWS) -> int:
     return max(1, rows // triton.next_power_of_2(group))
 
 
-def rows_for(num_queries: int, dtype: torch.dtype, device) -> int:
+def rows_for(num_queries: int, dtype: torch.dtype, device, head_dim: int = 128) -> int:
     """Rows per program for a forward of this many queries: wide tiles for long prompts on a GPU
-    in bf16/fp16; fp32 products (FMA loops whose order follows the tile) and the CPU interpreter
+    in bf16/fp16 with heads of at most 128; fp32 products (FMA loops whose order follows the tile) and the CPU interpreter
     (whose numpy matmul rounds a row by its place in the tile) keep one shape."""
     wide = (
         num_queries >= WIDE_FROM_QUERIES
+        and head_dim <= 128
         and dtype != torch.float32
         and torch.device(device).type == "cuda"
         and not interpreting()
@@ -105,6 +135,7 @@ def make_meta(seqs, group: int, device, rows: int = BLOCK_ROWS) -> AttentionMeta
         if slots
         else torch.zeros(0, dtype=torch.int64, device=device),
         block_q=bq,
+        max_ctx=max(ctx_len, default=0),
     )
 
 
@@ -159,10 +190,53 @@ def _attend_tile(
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(tl.fma(s, qk_scale, -m_new[:, None]))
     denom = denom * alpha + tl.sum(p, axis=1)
+    # Triton folds the add into the product's accumulator: dot(p, v, acc * alpha)
     if UPCAST:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, denom, acc
+
+
+@triton.jit
+def _fresh(BLOCK_R: tl.constexpr, D: tl.constexpr):
+    """The online softmax's empty state: max -inf, sum 0, output 0."""
+    m = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
+    return m, tl.zeros((BLOCK_R,), dtype=tl.float32), tl.zeros((BLOCK_R, D), dtype=tl.float32)
+
+
+@triton.jit
+def _partition(
+    q, p0, p_end, full_end, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr, kvh, HKV,
+    q_pos, qk_scale, d, BLOCK_R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over the key tiles [p0, p_end) from a fresh state: (max in scaled
+    units, sum of exponentials, unnormalised output). Tiles below full_end are unmasked."""
+    m, denom, acc = _fresh(BLOCK_R, D)
+    for start in range(p0, tl.minimum(p_end, full_end), BLOCK_N):
+        m, denom, acc = _attend_tile(
+            q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+            kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, False,
+        )  # fmt: skip
+    for start in range(tl.maximum(p0, full_end), p_end, BLOCK_N):
+        m, denom, acc = _attend_tile(
+            q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+            kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, True,
+        )  # fmt: skip
+    return m, denom, acc
+
+
+@triton.jit
+def _merge(m, denom, acc, m_p, denom_p, acc_p, use):
+    """Merge a partition's state into the running one, for rows where `use` (the partition
+    starts at or before the row's position, so it has a visible key); other rows keep theirs.
+    From the empty state (-inf, 0, 0) the first merge gives the partition's own state exactly."""
+    m_new = tl.where(use, tl.maximum(m, m_p), m)
+    alpha = tl.exp2(m - m_new)
+    beta = tl.exp2(m_p - m_new)
+    denom = tl.where(use, tl.fma(denom, alpha, denom_p * beta), denom)
+    acc = tl.where(use[:, None], tl.fma(acc, alpha[:, None], acc_p * beta[:, None]), acc)
     return m_new, denom, acc
 
 
@@ -180,6 +254,10 @@ def _paged_attention_kernel(
     ctx_len_ptr,
     kv_off_ptr,
     kv_slots_ptr,
+    max_parts,  # SPLIT: partitions per row in the scratch
+    part_m_ptr,  # SPLIT: [T, HQ, MAX_PARTS] float32, each partition's max (scaled units)
+    part_denom_ptr,  # SPLIT: [T, HQ, MAX_PARTS] float32, its sum of exponentials
+    part_acc_ptr,  # SPLIT: [T, HQ, MAX_PARTS, D] float32, its unnormalised output
     HQ,
     HKV,
     qk_scale,  # log2(e) / sqrt(D)
@@ -188,6 +266,8 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PART_TILES: tl.constexpr,
+    SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -215,28 +295,119 @@ def _paged_attention_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    m = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
-    denom = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_R, D), dtype=tl.float32)
     # key tiles every row sees whole (below the tile's first query), then the rest up to its last
     full_end = (first_pos + q0 + 1) // BLOCK_N * BLOCK_N
     last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
-    for start in range(0, full_end, BLOCK_N):
-        m, denom, acc = _attend_tile(
-            q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
-            kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, False,
-        )  # fmt: skip
-    for start in range(full_end, last_pos + 1, BLOCK_N):
-        m, denom, acc = _attend_tile(
-            q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
-            kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, True,
-        )  # fmt: skip
-    out = acc / denom[:, None]
-    tl.store(
-        out_ptr + row_off[:, None] + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=valid[:, None],
-    )
+    PART: tl.constexpr = PART_TILES * BLOCK_N
+    if SPLIT:  # partitions j, j + splits, ...: each state stored, or the output if only one
+        num_parts = last_pos // PART + 1
+        part_row = ((q_start + qi) * HQ + head) * max_parts
+        for part in range(tl.program_id(2), num_parts, tl.num_programs(2)):
+            p0 = part * PART
+            m_p, denom_p, acc_p = _partition(
+                q, p0, tl.minimum(p0 + PART, last_pos + 1), full_end, kv_slots_ptr, kv_off,
+                ctx_len, k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R, D,
+                BLOCK_N, UPCAST,
+            )  # fmt: skip
+            if num_parts == 1:
+                out = acc_p / denom_p[:, None]
+                tl.store(
+                    out_ptr + row_off[:, None] + d[None, :],
+                    out.to(out_ptr.dtype.element_ty),
+                    mask=valid[:, None],
+                )
+            else:
+                keep = valid & (p0 <= q_pos)
+                tl.store(part_m_ptr + part_row + part, m_p, mask=keep)
+                tl.store(part_denom_ptr + part_row + part, denom_p, mask=keep)
+                tl.store(
+                    part_acc_ptr + (part_row + part)[:, None] * D + d[None, :],
+                    acc_p,
+                    mask=keep[:, None],
+                )
+    else:  # one walk over the tiles; at each partition's end its state is merged and reset
+        m, denom, acc = _fresh(BLOCK_R, D)
+        m_all, denom_all, acc_all = _fresh(BLOCK_R, D)
+        for start in range(0, full_end, BLOCK_N):
+            if (start % PART == 0) & (start > 0):  # the previous partition is complete
+                m_all, denom_all, acc_all = _merge(
+                    m_all, denom_all, acc_all, m, denom, acc, start - PART <= q_pos
+                )
+                m, denom, acc = _fresh(BLOCK_R, D)
+            m, denom, acc = _attend_tile(
+                q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+                kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, False,
+            )  # fmt: skip
+        for start in range(full_end, last_pos + 1, BLOCK_N):
+            if (start % PART == 0) & (start > 0):  # the previous partition is complete
+                m_all, denom_all, acc_all = _merge(
+                    m_all, denom_all, acc_all, m, denom, acc, start - PART <= q_pos
+                )
+                m, denom, acc = _fresh(BLOCK_R, D)
+            m, denom, acc = _attend_tile(
+                q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+                kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, True,
+            )  # fmt: skip
+        last_p0 = last_pos // PART * PART
+        m_all, denom_all, acc_all = _merge(
+            m_all, denom_all, acc_all, m, denom, acc, last_p0 <= q_pos
+        )
+        out = acc_all / denom_all[:, None]
+        tl.store(
+            out_ptr + row_off[:, None] + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=valid[:, None],
+        )
+
+
+@triton.jit
+def _merge_partitions_kernel(
+    out_ptr, part_m_ptr, part_denom_ptr, part_acc_ptr, tile_seq_ptr, tile_q0_ptr, q_start_ptr,
+    num_q_ptr, first_pos_ptr, max_parts, HQ, GROUP: tl.constexpr, D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    PART_TILES: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The split launch's second half: each row's partition states merged in ascending order
+    (as a prefill program merges them), normalised and stored. Tiles of one partition were
+    stored whole by the first half."""
+    wait_for_inputs(PDL)
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    q0 = tl.load(tile_q0_ptr + tile)
+    q_start = tl.load(q_start_ptr + seq)
+    num_q = tl.load(num_q_ptr + seq)
+    first_pos = tl.load(first_pos_ptr + seq)
+    PART: tl.constexpr = PART_TILES * BLOCK_N
+    last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
+    num_parts = last_pos // PART + 1
+    if num_parts > 1:
+        r = tl.arange(0, BLOCK_R)
+        qi = q0 + r // GROUP
+        valid = (r < BLOCK_Q * GROUP) & (qi < num_q)
+        qi = tl.minimum(qi, num_q - 1)
+        head = kvh * GROUP + r % GROUP
+        q_pos = first_pos + qi
+        d = tl.arange(0, D)
+        part_row = ((q_start + qi) * HQ + head) * max_parts
+        m, denom, acc = _fresh(BLOCK_R, D)
+        for part in range(0, num_parts):
+            use = valid & (part * PART <= q_pos)
+            m_p = tl.load(part_m_ptr + part_row + part, mask=use, other=float("-inf"))
+            denom_p = tl.load(part_denom_ptr + part_row + part, mask=use, other=0.0)
+            acc_p = tl.load(
+                part_acc_ptr + (part_row + part)[:, None] * D + d[None, :],
+                mask=use[:, None],
+                other=0.0,
+            )
+            m, denom, acc = _merge(m, denom, acc, m_p, denom_p, acc_p, use)
+        out = acc / denom[:, None]
+        row_off = ((q_start + qi) * HQ + head) * D
+        tl.store(
+            out_ptr + row_off[:, None] + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=valid[:, None],
+        )
 
 
 def paged_attention(
@@ -245,11 +416,16 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMeta,
     num_stages: int | None = None,
-    block_n: int = BLOCK_N,
+    block_n: int | None = None,
+    part_tiles: int = PART_TILES,
+    split: bool | None = None,
 ) -> torch.Tensor:
-    """q [T, HQ, D]; caches [S, HKV, D] -> [T, HQ, D]. For bench_attention's experiments:
-    num_stages, the key tiles' pipeline depth (Triton's default unless given), and block_n, the
-    key tile (a row's bits depend on it: every forward of an engine must use the same)."""
+    """q [T, HQ, D]; caches [S, HKV, D] -> [T, HQ, D]. split: compute the key partitions in
+    parallel programs and merge them in a second launch (same bits); by default where the
+    forward has few programs and partitions to split. For experiments and tests: num_stages,
+    the key tiles' pipeline depth (Triton's default unless given); block_n and part_tiles, the
+    key tile and the tiles per partition (a row's bits depend on both: every forward of an
+    engine must use the same)."""
     check(
         q.dim() == 3 and k_cache.dim() == 3 and v_cache.shape == k_cache.shape,
         "q [T, HQ, D], caches [S, HKV, D]",
@@ -261,8 +437,8 @@ def paged_attention(
         f"heads {hq} over {hkv}, head_dim {d} vs {k_cache.shape[2]}",
     )
     check(
-        d == triton.next_power_of_2(d) and d >= 16,
-        f"head_dim must be a power of two >= 16, got {d}",
+        d == triton.next_power_of_2(d) and 16 <= d <= 256,
+        f"head_dim must be a power of two in 16..256, got {d}",
     )
     check(q.dtype == k_cache.dtype == v_cache.dtype, "q and caches share one dtype")
     check(
@@ -274,43 +450,58 @@ def paged_attention(
         meta.block_q in (block_q_for(group), block_q_for(group, WIDE_ROWS)),
         "meta was built for another GQA group",
     )
+    block_n = key_tile(d) if block_n is None else block_n
     out = torch.empty_like(q)
     num_tiles = meta.tile_seq.shape[0]
     block_r = max(16, triton.next_power_of_2(meta.block_q * group))
-    if t and num_tiles:
-        _paged_attention_kernel[(num_tiles, hkv)](
-            q,
-            k_cache,
-            v_cache,
-            out,
-            meta.tile_seq,
-            meta.tile_q0,
-            meta.q_start,
-            meta.num_q,
-            meta.first_pos,
-            meta.ctx_len,
-            meta.kv_off,
-            meta.kv_slots,
-            hq,
-            hkv,
-            d**-0.5 * 1.4426950408889634,  # log2(e): the softmax runs in base 2
-            GROUP=group,
-            D=d,
-            BLOCK_Q=meta.block_q,
-            BLOCK_R=block_r,
-            BLOCK_N=block_n,
-            UPCAST=interpreting() or q.dtype == torch.float32,
-            **_launch(block_r, num_stages),
-            **pdl_launch(q.device),
+    check(block_r < WIDE_ROWS or d <= 128, "wide tiles are for heads of at most 128")
+    max_parts = max(1, triton.cdiv(meta.max_ctx, part_tiles * block_n))
+    scratch_bytes = t * hq * max_parts * (d + 2) * 4
+    if split is None:
+        split = (
+            max_parts > 1
+            and num_tiles * hkv < SPLIT_BELOW_PROGRAMS
+            and scratch_bytes <= SPLIT_SCRATCH_BYTES
+            and block_r < WIDE_ROWS
         )
+    if not (t and num_tiles):
+        return out
+    f32 = dict(dtype=torch.float32, device=q.device)
+    if split:
+        part_m = torch.empty(t * hq * max_parts, **f32)
+        part_denom = torch.empty(t * hq * max_parts, **f32)
+        part_acc = torch.empty(t * hq * max_parts * d, **f32)
+        splits = min(max_parts, triton.cdiv(2 * SPLIT_BELOW_PROGRAMS, num_tiles * hkv))
+    else:
+        part_m = part_denom = part_acc = torch.empty(0, **f32)
+        splits = 1
+    shape = dict(GROUP=group, D=d, BLOCK_Q=meta.block_q, BLOCK_R=block_r, BLOCK_N=block_n)
+    _paged_attention_kernel[(num_tiles, hkv, splits)](
+        q, k_cache, v_cache, out, meta.tile_seq, meta.tile_q0, meta.q_start, meta.num_q,
+        meta.first_pos, meta.ctx_len, meta.kv_off, meta.kv_slots, max_parts, part_m,
+        part_denom, part_acc, hq, hkv,
+        d**-0.5 * 1.4426950408889634,  # log2(e): the softmax runs in base 2
+        **shape, PART_TILES=part_tiles, SPLIT=split,
+        UPCAST=interpreting() or q.dtype == torch.float32,
+        **_launch(block_r, d, num_stages), **pdl_launch(q.device), **unfused_launch(),
+    )  # fmt: skip
+    if split:
+        _merge_partitions_kernel[(num_tiles, hkv)](
+            out, part_m, part_denom, part_acc, meta.tile_seq, meta.tile_q0, meta.q_start,
+            meta.num_q, meta.first_pos, max_parts, hq, **shape, PART_TILES=part_tiles,
+            **pdl_launch(q.device), **unfused_launch(),
+        )  # fmt: skip
     return out
 
 
-def _launch(block_r: int, num_stages: int | None) -> dict:
+def _launch(block_r: int, head_dim: int, num_stages: int | None) -> dict:
     """Warps and pipeline stages: wide tiles take 8 warps and WIDE_STAGES (H200,
-    bench_attention: results/prefill-h200/call2)."""
+    bench_attention: results/prefill-h200/call2); heads of 256 two stages (three did not fit
+    the H200's shared memory)."""
     if block_r >= WIDE_ROWS:
         return {"num_warps": 8, "num_stages": WIDE_STAGES if num_stages is None else num_stages}
+    if num_stages is None and head_dim > 128:
+        num_stages = 2
     return {"num_warps": 4} if num_stages is None else {"num_warps": 4, "num_stages": num_stages}
 
 

@@ -50,6 +50,16 @@ def pdl_launch(device: torch.device) -> dict:
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
+def unfused_launch() -> dict:
+    """Launch arguments that keep every multiply and add rounded on its own (PTX `mul.rn` /
+    `add.rn`), with fmas only where the source writes `tl.fma`. Without them ptxas may fuse a
+    plain multiply and add into an fma, and decides per compiled variant: on the H200 the
+    delta-rule kernel kept other bits for the same row with and without its per-row states
+    stored (a constexpr), and with the row count 1 (which Triton specializes). For kernels whose
+    rows must agree across variants and launches; the interpreter has no such option."""
+    return {} if interpreting() else {"enable_fp_fusion": False}
+
+
 @triton.jit
 def wait_for_inputs(PDL: tl.constexpr):
     """Under programmatic dependent launch: wait until the previous kernel has completed and its

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import check, interpreting
+from lanes.kernels.common import check, interpreting, unfused_launch
 
 L2_EPS = 1e-6  # transformers' l2norm (and flash-linear-attention's)
 
@@ -240,9 +240,11 @@ def gated_delta(
             mixed, b, a, conv, state, w.taps.contiguous(), w.neg_a, w.dt_bias, o, state_out,
             kept_states, t, mixed.stride(0), b.stride(0), a.stride(0), dk**-0.5, L2_EPS,
             HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_V=block_v, KERNEL=kernel, KEEP=keep,
-            **({} if interpreting() else {"num_warps": _WARPS}),
+            **({} if interpreting() else {"num_warps": _WARPS}), **unfused_launch(),
         )  # fmt: skip
-        _gated_norm_kernel[(t * hv,)](o, z, w.norm, out, z.stride(0), w.eps, HV=hv, DV=dv)
+        _gated_norm_kernel[(t * hv,)](
+            o, z, w.norm, out, z.stride(0), w.eps, HV=hv, DV=dv, **unfused_launch()
+        )
     else:
         state_out = state
     # the conv window after each row: the last kernel - 1 inputs

@@ -58,6 +58,7 @@ def static_batch(
         kv_off=torch.arange(lanes, **i64) * max_ctx,
         kv_slots=kv_slots,
         block_q=block_q_for(group),
+        max_ctx=max_ctx,
     )
     return ForwardBatch(
         input_ids=input_ids,

@@ -71,7 +71,7 @@ class TritonOps(Ops):
         meta = batch.attn_meta.get(group)
         if meta is None:
             seqs = [(s.query_start, s.num_queries, s.context_len, s.kv_slots) for s in batch.seqs]
-            rows = rows_for(q.shape[0], q.dtype, q.device)
+            rows = rows_for(q.shape[0], q.dtype, q.device, q.shape[2])
             meta = batch.attn_meta[group] = make_meta(seqs, group, q.device, rows)
         return paged_attention(q.contiguous(), k_cache, v_cache, meta)
 

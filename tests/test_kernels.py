@@ -159,6 +159,53 @@ def test_attention_query_split_between_cache_and_chunk():
     assert torch.equal(mixed[-1], outs[0])
 
 
+# key tiles of 16 in partitions of 2 tiles: many partitions at the contexts of these tests
+SMALL_TILES = dict(block_n=16, part_tiles=2)
+
+
+def test_attention_partitions_split_or_merged_in_one_program_agree():
+    """Decode and verify rows: the key partitions computed by parallel programs and merged in a
+    second launch give the bits of one program merging them as it walks; both near the plain
+    softmax. Other partitions give other bits (what the equality rests on is the partitioning
+    and the merge's arithmetic, not a trivially shared computation)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k_cache, v_cache, seqs = attention_case(
+        torch.float32, DEVICE, gen, [(1, 150), (5, 97), (1, 20), (3, 33)], 4, 2, 32
+    )
+    meta = attention.make_meta(seqs, 2, DEVICE)
+    one = attention.paged_attention(q, k_cache, v_cache, meta, split=False, **SMALL_TILES)
+    split = attention.paged_attention(q, k_cache, v_cache, meta, split=True, **SMALL_TILES)
+    assert torch.equal(one, split)
+    ref = attention.ref_paged_attention(q, k_cache, v_cache, seqs)
+    torch.testing.assert_close(one, ref, rtol=1e-4, atol=1e-5)
+    other = attention.paged_attention(q, k_cache, v_cache, meta, block_n=16, part_tiles=3)
+    assert not torch.equal(other, one)
+    # by default a forward of few programs over several partitions splits
+    assert attention.paged_attention(q, k_cache, v_cache, meta, block_n=16, part_tiles=2).equal(
+        split
+    )
+
+
+def test_attention_decode_split_equals_the_prefill_row():
+    """A lane's last query: decoded with its partitions split over programs, or computed inside
+    prefill chunks of several sizes (partitions merged in registers, chunk boundaries anywhere
+    among them): the same bits."""
+    gen = torch.Generator().manual_seed(6)
+    ctx = 150
+    q, k_cache, v_cache, seqs = attention_case(torch.float32, DEVICE, gen, [(ctx, ctx)], 4, 2, 32)
+    slots = seqs[0][3]
+    decode = attention.paged_attention(
+        q[-1:].contiguous(), k_cache, v_cache, attention.make_meta([(0, 1, ctx, slots)], 2, DEVICE),
+        split=True, **SMALL_TILES,
+    )  # fmt: skip
+    for chunk in _chunks():
+        meta = attention.make_meta([(0, chunk, ctx, slots)], 2, DEVICE)
+        prefill = attention.paged_attention(
+            q[ctx - chunk :].contiguous(), k_cache, v_cache, meta, split=False, **SMALL_TILES
+        )
+        assert torch.equal(prefill[-1:], decode), chunk
+
+
 def test_engine_on_triton_kernels_matches_transformers(tiny_models):
     """The whole decoder on the Triton ops (interpreted on the CPU): greedy tokens equal
     transformers', and a lane's output is the same alone and batched. In float32 on a GPU too:
