@@ -1,5 +1,5 @@
 """One 4-bit GEMV and its bf16 twin, for a kernel profiler (issue 19: the H200 measured the
-packed decode ~100x slower than its bytes allow). Prints event-timed medians; run under
+packed decode ~30x slower than its bytes allow). Prints graph-replay medians per call; run under
 `ncu --clock-control none -k regex:_matmul_kernel` for the counters.
 
     python -m bench.packed_gemv [--n 6144] [--k 4096] [--rows 1]
@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from bench.bench_matmul import event_us
+from bench.bench_matmul import graph_us
 from lanes.kernels import matmul
 from lanes.packed import PackedWeight
 
@@ -33,7 +33,7 @@ def main() -> None:
     w16 = torch.randn((n, k), generator=gen, device="cuda", dtype=torch.bfloat16)
     x = torch.randn((args.rows, k), generator=gen, device="cuda", dtype=torch.bfloat16)
     for name, w, nbytes in (("bf16", w16, n * k * 2), ("packed4", w4, n * k // 2 + n * k // g * 4)):
-        us = event_us(lambda w=w: matmul.matmul(x, w), 20)
+        us = graph_us(lambda w=w: matmul.matmul(x, w))
         print(f"{name} n={n} k={k} rows={args.rows}: {us:.1f} us, {nbytes / us / 1e6:.2f} TB/s")
 
 
