@@ -68,3 +68,15 @@ def wait_for_inputs(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def fp32_dot(a, b_t, acc, ROW_STABLE: tl.constexpr):
+    """acc + a @ b_t in true fp32 (no TF32). ROW_STABLE (the CPU interpreter): as a broadcast
+    product summed over K instead of numpy's matmul, which rounds a row by its place in the
+    tile (numpy 2.4's OpenBLAS 0.3.31: a row alone and the same row 11th in its tile differed
+    in the last bit); the sum adds each row's products in one order wherever the row sits."""
+    if ROW_STABLE:
+        return acc + tl.sum(a[:, :, None] * b_t[None, :, :], axis=1)
+    else:
+        return tl.dot(a, b_t, acc, input_precision="ieee")

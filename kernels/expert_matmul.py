@@ -21,7 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import FLOAT_DTYPES, check, interpreting, pdl_launch, wait_for_inputs
+from lanes.kernels.common import (
+    FLOAT_DTYPES,
+    check,
+    fp32_dot,
+    interpreting,
+    pdl_launch,
+    wait_for_inputs,
+)
 
 BLOCK_M = 16  # slots per tile: decode routes one to a few tokens per expert
 BLOCK_K = 64
@@ -77,6 +84,7 @@ def _expert_matmul_kernel(
     stride_wn,
     ROWS_PER_SLOT: tl.constexpr,
     UPCAST: tl.constexpr,  # compute in fp32 (fp32 models and the CPU interpreter)
+    ROW_STABLE: tl.constexpr,  # the interpreter: see common.fp32_dot
     EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -115,9 +123,7 @@ def _expert_matmul_kernel(
                 )
                 b = tl.load(w_tile + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             if UPCAST:  # a true fp32 product, no TF32
-                acc = tl.dot(
-                    a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee"
-                )
+                acc = fp32_dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, ROW_STABLE)
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
         tl.store(
@@ -160,6 +166,7 @@ def expert_matmul(
         w.stride(1),
         ROWS_PER_SLOT=rows_per_slot,
         UPCAST=interpreting() or x.dtype == torch.float32,
+        ROW_STABLE=interpreting(),
         EVEN_K=k % BLOCK_K == 0,
         BLOCK_M=BLOCK_M,
         BLOCK_N=block_n,

@@ -30,7 +30,7 @@ try:  # host-side tensor descriptors (Triton >= 3.4)
 except ImportError:  # pragma: no cover - older Triton: prefill keeps the pointer-load tiles
     TensorDescriptor = None
 
-from lanes.kernels.common import interpreting, pdl_launch, wait_for_inputs
+from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, wait_for_inputs
 from lanes.packed import PackedWeight
 
 BLOCK_K = 64
@@ -121,6 +121,7 @@ def _matmul_kernel(
     PARTIAL: tl.constexpr,  # one segment per program; the tile's last arrival reduces
     HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,  # compute in fp32 (fp32 models and the CPU interpreter)
+    ROW_STABLE: tl.constexpr,  # the interpreter: see common.fp32_dot
     PACKED: tl.constexpr,  # affine codes (MLX): dequantized in registers, tile by tile
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -162,9 +163,7 @@ def _matmul_kernel(
                     w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
                 )
             if UPCAST:  # a true fp32 product, no TF32
-                acc = tl.dot(
-                    a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee"
-                )
+                acc = fp32_dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, ROW_STABLE)
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
         total += acc
@@ -203,7 +202,9 @@ def _dequantized_tile(
     kw = k0 // PER_WORD + tl.arange(0, WORDS)
     word = tl.load(w_ptr + rn[:, None] * stride_wn + kw[None, :], mask=mask_n[:, None], other=0)
     shifts = tl.arange(0, PER_WORD) * BITS
-    code = (word[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # least significant first
+    code = (word[:, :, None] >> shifts[None, None, :]) & (
+        (1 << BITS) - 1
+    )  # least significant first
     code = tl.reshape(code, (BLOCK_N, BLOCK_K))
     if GROUP >= BLOCK_K:  # one group spans the tile
         at = rn * stride_sn + k0 // GROUP
@@ -409,6 +410,7 @@ def matmul(
         PARTIAL=partial,
         HAS_BIAS=bias is not None,
         UPCAST=interpreting() or x.dtype == torch.float32,
+        ROW_STABLE=interpreting(),
         PACKED=packed,
         BITS=w.bits if packed else 0,
         GROUP=w.group if packed else 0,
