@@ -12,7 +12,7 @@ Key partitions (flash-decoding, with fixed bits): the tiles are grouped into par
 PART_TILES tiles at absolute positions; each partition's online softmax starts afresh, and the
 partitions' states are merged in ascending order (`_merge`). A prefill program merges them in
 registers as it walks; a decode or verify forward with few programs computes the partitions in
-parallel programs (`_split` launches), stores their states, and merges them in a second launch
+parallel programs (the kernel's SPLIT form), stores their states, and merges them in a second launch
 with the same arithmetic. The kernels are compiled without fp fusion (common.unfused_launch):
 each multiply and add rounds on its own unless the source says fma, so the two routes give a
 row the same bits.
@@ -255,9 +255,9 @@ def _paged_attention_kernel(
     kv_off_ptr,
     kv_slots_ptr,
     max_parts,  # SPLIT: partitions per row in the scratch
-    part_m_ptr,  # SPLIT: [T, HQ, MAX_PARTS] float32, each partition's max (scaled units)
-    part_denom_ptr,  # SPLIT: [T, HQ, MAX_PARTS] float32, its sum of exponentials
-    part_acc_ptr,  # SPLIT: [T, HQ, MAX_PARTS, D] float32, its unnormalised output
+    part_m_ptr,  # SPLIT: [T, HQ, max_parts] float32, each partition's max (scaled units)
+    part_denom_ptr,  # SPLIT: [T, HQ, max_parts] float32, its sum of exponentials
+    part_acc_ptr,  # SPLIT: [T, HQ, max_parts, D] float32, its unnormalised output
     HQ,
     HKV,
     qk_scale,  # log2(e) / sqrt(D)
