@@ -28,6 +28,7 @@ import triton.language as tl
 
 from lanes.kernels.common import (
     check,
+    fp32_dot,
     interpreting,
     pdl_launch,
     unfused_launch,
@@ -81,8 +82,9 @@ def block_q_for(group: int, rows: int = BLOCK_ROWS) -> int:
 
 def rows_for(num_queries: int, dtype: torch.dtype, device, head_dim: int = 128) -> int:
     """Rows per program for a forward of this many queries: wide tiles for long prompts on a GPU
-    in bf16/fp16 with heads of at most 128; fp32 products (FMA loops whose order follows the tile) and the CPU interpreter
-    (whose numpy matmul rounds a row by its place in the tile) keep one shape."""
+    in bf16/fp16 with heads of at most 128; fp32 products (FMA loops whose order follows the
+    tile) and the CPU interpreter (whose numpy matmul rounds a row by its place in the tile)
+    keep one shape."""
     wide = (
         num_queries >= WIDE_FROM_QUERIES
         and head_dim <= 128
@@ -180,7 +182,8 @@ def _attend_tile(
         k = tl.load(k_cache_ptr + kv_rows[:, None] + d[None, :])
         v = tl.load(v_cache_ptr + kv_rows[:, None] + d[None, :])
     if UPCAST:  # fp32: a true fp32 product, no TF32
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        zero = tl.zeros((q.shape[0], BLOCK_N), dtype=tl.float32)
+        s = fp32_dot(q, tl.trans(k.to(tl.float32)), zero, UPCAST == 2)
     else:
         s = tl.dot(q, tl.trans(k))  # [BLOCK_R, BLOCK_N]
     if MASKED:
@@ -192,7 +195,7 @@ def _attend_tile(
     denom = denom * alpha + tl.sum(p, axis=1)
     # Triton folds the add into the product's accumulator: dot(p, v, acc * alpha)
     if UPCAST:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = fp32_dot(p, v.to(tl.float32), acc * alpha[:, None], UPCAST == 2)
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, denom, acc
@@ -241,6 +244,49 @@ def _merge(m, denom, acc, m_p, denom_p, acc_p, use):
 
 
 @triton.jit
+def _walk_tile(
+    m_all, denom_all, acc_all, q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len,
+    k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, UPCAST: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """A prefill program's step: at a partition's first tile (but the first) the partition just
+    completed is merged into the *_all state and the running state starts afresh; then the
+    tile."""
+    if (start % PART == 0) & (start > 0):
+        m_all, denom_all, acc_all = _merge(
+            m_all, denom_all, acc_all, m, denom, acc, start - PART <= q_pos
+        )
+        m, denom, acc = _fresh(BLOCK_R, D)
+    m, denom, acc = _attend_tile(
+        q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
+        kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, MASKED,
+    )  # fmt: skip
+    return m_all, denom_all, acc_all, m, denom, acc
+
+
+@triton.jit
+def _tile_rows(
+    tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """A program's query tile: its lane and the lane's layout, and per row (query x head of the
+    GQA group) the query index, whether it is real, the head and the position. Padding rows
+    repeat the last query, so no row is ever fully masked."""
+    seq = tl.load(tile_seq_ptr + tile)
+    q0 = tl.load(tile_q0_ptr + tile)
+    q_start = tl.load(q_start_ptr + seq)
+    num_q = tl.load(num_q_ptr + seq)
+    first_pos = tl.load(first_pos_ptr + seq)
+    r = tl.arange(0, BLOCK_R)
+    qi = q0 + r // GROUP
+    valid = (r < BLOCK_Q * GROUP) & (qi < num_q)
+    qi = tl.minimum(qi, num_q - 1)
+    head = kvh * GROUP + r % GROUP
+    return seq, q0, q_start, num_q, first_pos, qi, valid, head, first_pos + qi
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr,  # [T, HQ, D]
     k_cache_ptr,  # [S, HKV, D]
@@ -275,20 +321,12 @@ def _paged_attention_kernel(
     # the last query tiles (the longest causal rows) first, so the long ones do not trail
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kvh = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + tile)
-    q0 = tl.load(tile_q0_ptr + tile)
-    q_start = tl.load(q_start_ptr + seq)
-    num_q = tl.load(num_q_ptr + seq)
-    first_pos = tl.load(first_pos_ptr + seq)
+    seq, q0, q_start, num_q, first_pos, qi, valid, head, q_pos = _tile_rows(
+        tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr, GROUP,
+        BLOCK_Q, BLOCK_R,
+    )  # fmt: skip
     ctx_len = tl.load(ctx_len_ptr + seq)
     kv_off = tl.load(kv_off_ptr + seq)
-
-    r = tl.arange(0, BLOCK_R)
-    qi = q0 + r // GROUP
-    valid = (r < BLOCK_Q * GROUP) & (qi < num_q)
-    qi = tl.minimum(qi, num_q - 1)  # padding rows repeat the last query: never fully masked
-    head = kvh * GROUP + r % GROUP
-    q_pos = first_pos + qi
     d = tl.arange(0, D)
     row_off = ((q_start + qi) * HQ + head) * D
     q = tl.load(q_ptr + row_off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -329,24 +367,16 @@ def _paged_attention_kernel(
         m, denom, acc = _fresh(BLOCK_R, D)
         m_all, denom_all, acc_all = _fresh(BLOCK_R, D)
         for start in range(0, full_end, BLOCK_N):
-            if (start % PART == 0) & (start > 0):  # the previous partition is complete
-                m_all, denom_all, acc_all = _merge(
-                    m_all, denom_all, acc_all, m, denom, acc, start - PART <= q_pos
-                )
-                m, denom, acc = _fresh(BLOCK_R, D)
-            m, denom, acc = _attend_tile(
-                q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
-                kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, False,
+            m_all, denom_all, acc_all, m, denom, acc = _walk_tile(
+                m_all, denom_all, acc_all, q, m, denom, acc, start, kv_slots_ptr, kv_off,
+                ctx_len, k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R, D,
+                BLOCK_N, PART, UPCAST, False,
             )  # fmt: skip
         for start in range(full_end, last_pos + 1, BLOCK_N):
-            if (start % PART == 0) & (start > 0):  # the previous partition is complete
-                m_all, denom_all, acc_all = _merge(
-                    m_all, denom_all, acc_all, m, denom, acc, start - PART <= q_pos
-                )
-                m, denom, acc = _fresh(BLOCK_R, D)
-            m, denom, acc = _attend_tile(
-                q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len, k_cache_ptr, v_cache_ptr,
-                kvh, HKV, q_pos, qk_scale, d, D, BLOCK_N, UPCAST, True,
+            m_all, denom_all, acc_all, m, denom, acc = _walk_tile(
+                m_all, denom_all, acc_all, q, m, denom, acc, start, kv_slots_ptr, kv_off,
+                ctx_len, k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R, D,
+                BLOCK_N, PART, UPCAST, True,
             )  # fmt: skip
         last_p0 = last_pos // PART * PART
         m_all, denom_all, acc_all = _merge(
@@ -371,23 +401,14 @@ def _merge_partitions_kernel(
     (as a prefill program merges them), normalised and stored. Tiles of one partition were
     stored whole by the first half."""
     wait_for_inputs(PDL)
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + tile)
-    q0 = tl.load(tile_q0_ptr + tile)
-    q_start = tl.load(q_start_ptr + seq)
-    num_q = tl.load(num_q_ptr + seq)
-    first_pos = tl.load(first_pos_ptr + seq)
+    _, q0, q_start, num_q, first_pos, qi, valid, head, q_pos = _tile_rows(
+        tl.program_id(0), tl.program_id(1), tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr,
+        first_pos_ptr, GROUP, BLOCK_Q, BLOCK_R,
+    )  # fmt: skip
     PART: tl.constexpr = PART_TILES * BLOCK_N
     last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
     num_parts = last_pos // PART + 1
     if num_parts > 1:
-        r = tl.arange(0, BLOCK_R)
-        qi = q0 + r // GROUP
-        valid = (r < BLOCK_Q * GROUP) & (qi < num_q)
-        qi = tl.minimum(qi, num_q - 1)
-        head = kvh * GROUP + r % GROUP
-        q_pos = first_pos + qi
         d = tl.arange(0, D)
         part_row = ((q_start + qi) * HQ + head) * max_parts
         m, denom, acc = _fresh(BLOCK_R, D)
@@ -482,7 +503,7 @@ def paged_attention(
         part_denom, part_acc, hq, hkv,
         d**-0.5 * 1.4426950408889634,  # log2(e): the softmax runs in base 2
         **shape, PART_TILES=part_tiles, SPLIT=split,
-        UPCAST=interpreting() or q.dtype == torch.float32,
+        UPCAST=_upcast(q.dtype),
         **_launch(block_r, d, num_stages), **pdl_launch(q.device), **unfused_launch(),
     )  # fmt: skip
     if split:
@@ -492,6 +513,12 @@ def paged_attention(
             **pdl_launch(q.device), **unfused_launch(),
         )  # fmt: skip
     return out
+
+
+def _upcast(dtype: torch.dtype) -> int:
+    """The kernel's products: 0 on tensor cores in the model dtype, 1 in true fp32 (fp32
+    models), 2 in fp32 on the CPU interpreter, row by row (common.fp32_dot)."""
+    return 2 if interpreting() else int(dtype == torch.float32)
 
 
 def _launch(block_r: int, head_dim: int, num_stages: int | None) -> dict:
