@@ -201,10 +201,8 @@ def _dequantized_tile(
     WORDS: tl.constexpr = BLOCK_K // PER_WORD
     kw = k0 // PER_WORD + tl.arange(0, WORDS)
     word = tl.load(w_ptr + rn[:, None] * stride_wn + kw[None, :], mask=mask_n[:, None], other=0)
-    shifts = tl.arange(0, PER_WORD) * BITS
-    code = (word[:, :, None] >> shifts[None, None, :]) & (
-        (1 << BITS) - 1
-    )  # least significant first
+    shifts = tl.arange(0, PER_WORD) * BITS  # codes packed least significant first
+    code = (word[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
     code = tl.reshape(code, (BLOCK_N, BLOCK_K))
     if GROUP >= BLOCK_K:  # one group spans the tile
         at = rn * stride_sn + k0 // GROUP
