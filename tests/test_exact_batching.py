@@ -61,6 +61,10 @@ def test_bfloat16_on_the_cpu_keeps_batch_invariance(llama_dir, exact_mode):
         "def add(a, b):\n    return a + b\n" * 4,
         "fox",
     ]
+    if not exact_mode:
+        alone, together = _alone_and_together(engine)
+        if torch.equal(alone, together):  # seen on an AMD EPYC box, torch 2.13: no control here
+            pytest.skip("the fast ops are batch-invariant in bf16 on this CPU (torch's bf16 GEMM)")
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     solo = [engine.generate([p], params)[0] for p in prompts]
     batched = engine.generate(prompts, params)
