@@ -267,12 +267,13 @@ def _walk_tile(
 
 @triton.jit
 def _tile_rows(
-    tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr,
+    tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr, HQ,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    """A program's query tile: its lane and the lane's layout, and per row (query x head of the
-    GQA group) the query index, whether it is real, the head and the position. Padding rows
-    repeat the last query, so no row is ever fully masked."""
+    """A program's query tile: its lane, the positions of its first and last queries, and per
+    row (query x head of the GQA group) the (token, head) index in the flat batch, whether it is
+    real, and its position. Padding rows repeat the last query, so no row is ever fully
+    masked."""
     seq = tl.load(tile_seq_ptr + tile)
     q0 = tl.load(tile_q0_ptr + tile)
     q_start = tl.load(q_start_ptr + seq)
@@ -283,7 +284,19 @@ def _tile_rows(
     valid = (r < BLOCK_Q * GROUP) & (qi < num_q)
     qi = tl.minimum(qi, num_q - 1)
     head = kvh * GROUP + r % GROUP
-    return seq, q0, q_start, num_q, first_pos, qi, valid, head, first_pos + qi
+    last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
+    return seq, first_pos + q0, last_pos, (q_start + qi) * HQ + head, valid, first_pos + qi
+
+
+@triton.jit
+def _store_normalised(out_ptr, row, d, D: tl.constexpr, acc, denom, valid):
+    """The softmax's output for real rows: acc / denom, in out's dtype."""
+    out = acc / denom[:, None]
+    tl.store(
+        out_ptr + (row * D)[:, None] + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
 
 
 @triton.jit
@@ -321,25 +334,23 @@ def _paged_attention_kernel(
     # the last query tiles (the longest causal rows) first, so the long ones do not trail
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kvh = tl.program_id(1)
-    seq, q0, q_start, num_q, first_pos, qi, valid, head, q_pos = _tile_rows(
-        tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr, GROUP,
+    seq, first_q_pos, last_pos, row, valid, q_pos = _tile_rows(
+        tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr, HQ, GROUP,
         BLOCK_Q, BLOCK_R,
     )  # fmt: skip
     ctx_len = tl.load(ctx_len_ptr + seq)
     kv_off = tl.load(kv_off_ptr + seq)
     d = tl.arange(0, D)
-    row_off = ((q_start + qi) * HQ + head) * D
-    q = tl.load(q_ptr + row_off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    q = tl.load(q_ptr + (row * D)[:, None] + d[None, :], mask=valid[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
     # key tiles every row sees whole (below the tile's first query), then the rest up to its last
-    full_end = (first_pos + q0 + 1) // BLOCK_N * BLOCK_N
-    last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
+    full_end = (first_q_pos + 1) // BLOCK_N * BLOCK_N
     PART: tl.constexpr = PART_TILES * BLOCK_N
     if SPLIT:  # partitions j, j + splits, ...: each state stored, or the output if only one
         num_parts = last_pos // PART + 1
-        part_row = ((q_start + qi) * HQ + head) * max_parts
+        part_row = row * max_parts
         for part in range(tl.program_id(2), num_parts, tl.num_programs(2)):
             p0 = part * PART
             m_p, denom_p, acc_p = _partition(
@@ -348,12 +359,7 @@ def _paged_attention_kernel(
                 BLOCK_N, UPCAST,
             )  # fmt: skip
             if num_parts == 1:
-                out = acc_p / denom_p[:, None]
-                tl.store(
-                    out_ptr + row_off[:, None] + d[None, :],
-                    out.to(out_ptr.dtype.element_ty),
-                    mask=valid[:, None],
-                )
+                _store_normalised(out_ptr, row, d, D, acc_p, denom_p, valid)
             else:
                 keep = valid & (p0 <= q_pos)
                 tl.store(part_m_ptr + part_row + part, m_p, mask=keep)
@@ -382,12 +388,7 @@ def _paged_attention_kernel(
         m_all, denom_all, acc_all = _merge(
             m_all, denom_all, acc_all, m, denom, acc, last_p0 <= q_pos
         )
-        out = acc_all / denom_all[:, None]
-        tl.store(
-            out_ptr + row_off[:, None] + d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=valid[:, None],
-        )
+        _store_normalised(out_ptr, row, d, D, acc_all, denom_all, valid)
 
 
 @triton.jit
@@ -401,16 +402,15 @@ def _merge_partitions_kernel(
     (as a prefill program merges them), normalised and stored. Tiles of one partition were
     stored whole by the first half."""
     wait_for_inputs(PDL)
-    _, q0, q_start, num_q, first_pos, qi, valid, head, q_pos = _tile_rows(
+    _, _, last_pos, row, valid, q_pos = _tile_rows(
         tl.program_id(0), tl.program_id(1), tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr,
-        first_pos_ptr, GROUP, BLOCK_Q, BLOCK_R,
+        first_pos_ptr, HQ, GROUP, BLOCK_Q, BLOCK_R,
     )  # fmt: skip
     PART: tl.constexpr = PART_TILES * BLOCK_N
-    last_pos = first_pos + tl.minimum(q0 + BLOCK_Q, num_q) - 1
     num_parts = last_pos // PART + 1
     if num_parts > 1:
         d = tl.arange(0, D)
-        part_row = ((q_start + qi) * HQ + head) * max_parts
+        part_row = row * max_parts
         m, denom, acc = _fresh(BLOCK_R, D)
         for part in range(0, num_parts):
             use = valid & (part * PART <= q_pos)
@@ -422,13 +422,7 @@ def _merge_partitions_kernel(
                 other=0.0,
             )
             m, denom, acc = _merge(m, denom, acc, m_p, denom_p, acc_p, use)
-        out = acc / denom[:, None]
-        row_off = ((q_start + qi) * HQ + head) * D
-        tl.store(
-            out_ptr + row_off[:, None] + d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=valid[:, None],
-        )
+        _store_normalised(out_ptr, row, d, D, acc, denom, valid)
 
 
 def paged_attention(
