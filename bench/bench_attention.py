@@ -106,7 +106,10 @@ def decode_row(length: int, lanes: int, queries: int) -> dict:
     meta = attention.make_meta(seqs, HQ // HKV, q.device)
     us = graph_us(lambda: attention.paged_attention(q, kc, vc, meta))
     kv_bytes = lanes * length * HKV * D * 2 * kc.element_size()
-    return {"us": us, "kv_tb_per_s": kv_bytes / us / 1e6}
+    row = {"us": us, "kv_tb_per_s": kv_bytes / us / 1e6}
+    if lanes * HKV >= attention.SPLIT_BELOW_PROGRAMS:  # not split by default: what splitting gives
+        row["us_split"] = graph_us(lambda: attention.paged_attention(q, kc, vc, meta, split=True))
+    return row
 
 
 def main() -> None:

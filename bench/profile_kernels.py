@@ -2,7 +2,8 @@
 and over steady batch-1 decode steps, the CUDA kernels' time summed by kernel name. Exact mode,
 CUDA graphs, random bf16 weights of real shapes.
 
-    python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--bits 4] [--out FILE]
+    python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--bits 4] [--lanes 1 64]
+        [--out FILE]
 
 --bits: the projections and LM head held as MLX affine codes of that width (group 64), served
 packed (issue 19: where a packed decode step's time goes).
@@ -54,8 +55,8 @@ def prefill_profile(engine, vocab: int, length: int) -> dict:
     return by_name(prof, 1)
 
 
-def decode_profile(engine, vocab: int, steps: int) -> dict:
-    settle(engine, vocab, 1, 128, steps)
+def decode_profile(engine, vocab: int, steps: int, lanes: int = 1, context: int = 128) -> dict:
+    settle(engine, vocab, lanes, context, steps)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -72,6 +73,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3.1-8b"])
     ap.add_argument("--bits", type=int, default=0, help="packed affine codes of this width")
+    ap.add_argument(
+        "--lanes", type=int, nargs="+", default=[1], help="decode batches (> 1: 700-token contexts)"
+    )
     ap.add_argument("--out", default="bench/results/profile-kernels-h200.json")
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -81,6 +85,7 @@ def main() -> None:
         prompt_cache_bytes=0,
         prefill_chunk=32768,
         max_tokens_per_round=32768,
+        max_lanes=max(64, *args.lanes),
     )
     for name, shape in (("smollm2-135m", SMOLLM2_135M), ("llama-3.1-8b", LLAMA_31_8B)):
         if name not in args.shapes:
@@ -91,8 +96,11 @@ def main() -> None:
             else random_checkpoint(shape, "cuda")
         )
         engine = build_engine(checkpoint=ckpt, config=EngineConfig(**base))
-        report[f"{name} decode batch 1"] = decode_profile(engine, shape.vocab_size, args.steps)
-        if name == "llama-3.1-8b":
+        for lanes in args.lanes:
+            report[f"{name} decode batch {lanes}"] = decode_profile(
+                engine, shape.vocab_size, args.steps, lanes, 128 if lanes == 1 else 700
+            )
+        if name == "llama-3.1-8b" and args.prefill:
             report[f"{name} prefill {args.prefill}"] = prefill_profile(
                 engine, shape.vocab_size, args.prefill
             )

@@ -12,10 +12,11 @@ Key partitions (flash-decoding, with fixed bits): the tiles are grouped into par
 PART_TILES tiles at absolute positions; each partition's online softmax starts afresh, and the
 partitions' states are merged in ascending order (`_merge`). A prefill program merges them in
 registers as it walks; a decode or verify forward with few programs computes the partitions in
-parallel programs (the kernel's SPLIT form), stores their states, and merges them in a second launch
-with the same arithmetic. The kernels are compiled without fp fusion (common.unfused_launch):
-each multiply and add rounds on its own unless the source says fma, so the two routes give a
-row the same bits.
+parallel programs (the kernel's SPLIT form) and stores their states, and the last of a query
+tile's programs to arrive (a ticket, as matmul's split-K) merges them in ascending order with the
+same arithmetic, in the same launch. The kernels are compiled without fp fusion
+(common.unfused_launch): each multiply and add rounds on its own unless the source says fma, so
+the two routes give a row the same bits.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from lanes.kernels.common import (
     fp32_dot,
     interpreting,
     pdl_launch,
+    tickets,
     unfused_launch,
     wait_for_inputs,
 )
@@ -244,6 +246,29 @@ def _merge(m, denom, acc, m_p, denom_p, acc_p, use):
 
 
 @triton.jit
+def _stored_partitions_merged(
+    part_m_ptr, part_denom_ptr, part_acc_ptr, part_row, num_parts, q_pos, valid, d,
+    BLOCK_R: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
+):  # fmt: skip
+    """The SPLIT form's merge: the rows' stored partition states in ascending order, as a
+    prefill program merges them in registers. Read past L1 (`.cg`): other programs wrote them."""
+    m, denom, acc = _fresh(BLOCK_R, D)
+    for part in range(0, num_parts):
+        use = valid & (part * PART <= q_pos)
+        at = part_row + part
+        m_p = tl.load(part_m_ptr + at, mask=use, other=float("-inf"), cache_modifier=".cg")
+        denom_p = tl.load(part_denom_ptr + at, mask=use, other=0.0, cache_modifier=".cg")
+        acc_p = tl.load(
+            part_acc_ptr + at[:, None] * D + d[None, :],
+            mask=use[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m, denom, acc = _merge(m, denom, acc, m_p, denom_p, acc_p, use)
+    return m, denom, acc
+
+
+@triton.jit
 def _walk_tile(
     m_all, denom_all, acc_all, q, m, denom, acc, start, kv_slots_ptr, kv_off, ctx_len,
     k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R: tl.constexpr,
@@ -289,6 +314,13 @@ def _tile_rows(
 
 
 @triton.jit
+def _queries(q_ptr, row, d, D: tl.constexpr, valid, UPCAST: tl.constexpr):
+    """The tile's query rows (fp32 where the products are)."""
+    q = tl.load(q_ptr + (row * D)[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    return q.to(tl.float32) if UPCAST else q
+
+
+@triton.jit
 def _store_normalised(out_ptr, row, d, D: tl.constexpr, acc, denom, valid):
     """The softmax's output for real rows: acc / denom, in out's dtype."""
     out = acc / denom[:, None]
@@ -317,6 +349,7 @@ def _paged_attention_kernel(
     part_m_ptr,  # SPLIT: [T, HQ, max_parts] float32, each partition's max (scaled units)
     part_denom_ptr,  # SPLIT: [T, HQ, max_parts] float32, its sum of exponentials
     part_acc_ptr,  # SPLIT: [T, HQ, max_parts, D] float32, its unnormalised output
+    ticket_ptr,  # SPLIT: [query tiles x HKV] int32 arrival counters, zero between launches
     HQ,
     HKV,
     qk_scale,  # log2(e) / sqrt(D)
@@ -330,20 +363,20 @@ def _paged_attention_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_inputs(PDL)
     # the last query tiles (the longest causal rows) first, so the long ones do not trail
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kvh = tl.program_id(1)
+    # the forward's layout is written before its first kernel (graphs: before the replay; eager:
+    # copied in just before layer 0's launch), never by the kernel this one may overlap under
+    # PDL, so it is read before waiting for that kernel's outputs (q, the new keys and values)
     seq, first_q_pos, last_pos, row, valid, q_pos = _tile_rows(
         tile, kvh, tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr, first_pos_ptr, HQ, GROUP,
         BLOCK_Q, BLOCK_R,
     )  # fmt: skip
     ctx_len = tl.load(ctx_len_ptr + seq)
     kv_off = tl.load(kv_off_ptr + seq)
+    wait_for_inputs(PDL)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + (row * D)[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
 
     # key tiles every row sees whole (below the tile's first query), then the rest up to its last
     full_end = (first_q_pos + 1) // BLOCK_N * BLOCK_N
@@ -351,25 +384,44 @@ def _paged_attention_kernel(
     if SPLIT:  # partitions j, j + splits, ...: each state stored, or the output if only one
         num_parts = last_pos // PART + 1
         part_row = row * max_parts
-        for part in range(tl.program_id(2), num_parts, tl.num_programs(2)):
-            p0 = part * PART
-            m_p, denom_p, acc_p = _partition(
-                q, p0, tl.minimum(p0 + PART, last_pos + 1), full_end, kv_slots_ptr, kv_off,
-                ctx_len, k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R, D,
-                BLOCK_N, UPCAST,
-            )  # fmt: skip
-            if num_parts == 1:
-                _store_normalised(out_ptr, row, d, D, acc_p, denom_p, valid)
-            else:
-                keep = valid & (p0 <= q_pos)
-                tl.store(part_m_ptr + part_row + part, m_p, mask=keep)
-                tl.store(part_denom_ptr + part_row + part, denom_p, mask=keep)
-                tl.store(
-                    part_acc_ptr + (part_row + part)[:, None] * D + d[None, :],
-                    acc_p,
-                    mask=keep[:, None],
-                )
+        first = tl.program_id(2)
+        # a graph's launch has programs for its capacity's partitions: most have none to do
+        if first < num_parts:
+            q = _queries(q_ptr, row, d, D, valid, UPCAST)
+            for part in range(first, num_parts, tl.num_programs(2)):
+                p0 = part * PART
+                m_p, denom_p, acc_p = _partition(
+                    q, p0, tl.minimum(p0 + PART, last_pos + 1), full_end, kv_slots_ptr, kv_off,
+                    ctx_len, k_cache_ptr, v_cache_ptr, kvh, HKV, q_pos, qk_scale, d, BLOCK_R, D,
+                    BLOCK_N, UPCAST,
+                )  # fmt: skip
+                if num_parts == 1:
+                    _store_normalised(out_ptr, row, d, D, acc_p, denom_p, valid)
+                else:
+                    keep = valid & (p0 <= q_pos)
+                    tl.store(part_m_ptr + part_row + part, m_p, mask=keep)
+                    tl.store(part_denom_ptr + part_row + part, denom_p, mask=keep)
+                    tl.store(
+                        part_acc_ptr + (part_row + part)[:, None] * D + d[None, :],
+                        acc_p,
+                        mask=keep[:, None],
+                    )
+            if num_parts > 1:
+                # as matmul's split-K: every thread's stores done (the barrier) before the arrival
+                # is counted with release semantics; the last of the tile's working programs to
+                # arrive acquires, so it sees every partition, and merges them in ascending order
+                tl.debug_barrier()
+                counter = ticket_ptr + tile * tl.num_programs(1) + kvh
+                arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+                if arrived == tl.minimum(num_parts, tl.num_programs(2)) - 1:
+                    m, denom, acc = _stored_partitions_merged(
+                        part_m_ptr, part_denom_ptr, part_acc_ptr, part_row, num_parts, q_pos,
+                        valid, d, BLOCK_R, D, PART,
+                    )  # fmt: skip
+                    tl.atomic_xchg(counter, 0)
+                    _store_normalised(out_ptr, row, d, D, acc, denom, valid)
     else:  # one walk over the tiles; at each partition's end its state is merged and reset
+        q = _queries(q_ptr, row, d, D, valid, UPCAST)
         m, denom, acc = _fresh(BLOCK_R, D)
         m_all, denom_all, acc_all = _fresh(BLOCK_R, D)
         for start in range(0, full_end, BLOCK_N):
@@ -391,40 +443,6 @@ def _paged_attention_kernel(
         _store_normalised(out_ptr, row, d, D, acc_all, denom_all, valid)
 
 
-@triton.jit
-def _merge_partitions_kernel(
-    out_ptr, part_m_ptr, part_denom_ptr, part_acc_ptr, tile_seq_ptr, tile_q0_ptr, q_start_ptr,
-    num_q_ptr, first_pos_ptr, max_parts, HQ, GROUP: tl.constexpr, D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-    PART_TILES: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """The split launch's second half: each row's partition states merged in ascending order
-    (as a prefill program merges them), normalised and stored. Tiles of one partition were
-    stored whole by the first half."""
-    wait_for_inputs(PDL)
-    _, _, last_pos, row, valid, q_pos = _tile_rows(
-        tl.program_id(0), tl.program_id(1), tile_seq_ptr, tile_q0_ptr, q_start_ptr, num_q_ptr,
-        first_pos_ptr, HQ, GROUP, BLOCK_Q, BLOCK_R,
-    )  # fmt: skip
-    PART: tl.constexpr = PART_TILES * BLOCK_N
-    num_parts = last_pos // PART + 1
-    if num_parts > 1:
-        d = tl.arange(0, D)
-        part_row = row * max_parts
-        m, denom, acc = _fresh(BLOCK_R, D)
-        for part in range(0, num_parts):
-            use = valid & (part * PART <= q_pos)
-            m_p = tl.load(part_m_ptr + part_row + part, mask=use, other=float("-inf"))
-            denom_p = tl.load(part_denom_ptr + part_row + part, mask=use, other=0.0)
-            acc_p = tl.load(
-                part_acc_ptr + (part_row + part)[:, None] * D + d[None, :],
-                mask=use[:, None],
-                other=0.0,
-            )
-            m, denom, acc = _merge(m, denom, acc, m_p, denom_p, acc_p, use)
-        _store_normalised(out_ptr, row, d, D, acc, denom, valid)
-
-
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -436,7 +454,7 @@ def paged_attention(
     split: bool | None = None,
 ) -> torch.Tensor:
     """q [T, HQ, D]; caches [S, HKV, D] -> [T, HQ, D]. split: compute the key partitions in
-    parallel programs and merge them in a second launch (same bits); by default where the
+    parallel programs, the last to finish merging them (same bits); by default where the
     forward has few programs and partitions to split. For experiments and tests: num_stages,
     the key tiles' pipeline depth (Triton's default unless given); block_n and part_tiles, the
     key tile and the tiles per partition (a row's bits depend on both: every forward of an
@@ -490,22 +508,18 @@ def paged_attention(
     else:
         part_m = part_denom = part_acc = torch.empty(0, **f32)
         splits = 1
+    # asked on every call, so the first forward on a device (eager, before any graph) makes them
+    counters = tickets(q.device, num_tiles * hkv if split else 0, "attention")
     shape = dict(GROUP=group, D=d, BLOCK_Q=meta.block_q, BLOCK_R=block_r, BLOCK_N=block_n)
     _paged_attention_kernel[(num_tiles, hkv, splits)](
         q, k_cache, v_cache, out, meta.tile_seq, meta.tile_q0, meta.q_start, meta.num_q,
         meta.first_pos, meta.ctx_len, meta.kv_off, meta.kv_slots, max_parts, part_m,
-        part_denom, part_acc, hq, hkv,
+        part_denom, part_acc, counters, hq, hkv,
         d**-0.5 * 1.4426950408889634,  # log2(e): the softmax runs in base 2
         **shape, PART_TILES=part_tiles, SPLIT=split,
         UPCAST=_upcast(q.dtype),
         **_launch(block_r, d, num_stages), **pdl_launch(q.device), **unfused_launch(),
     )  # fmt: skip
-    if split:
-        _merge_partitions_kernel[(num_tiles, hkv)](
-            out, part_m, part_denom, part_acc, meta.tile_seq, meta.tile_q0, meta.q_start,
-            meta.num_q, meta.first_pos, max_parts, hq, **shape, PART_TILES=part_tiles,
-            **pdl_launch(q.device), **unfused_launch(),
-        )  # fmt: skip
     return out
 
 

@@ -60,6 +60,27 @@ def unfused_launch() -> dict:
     return {} if interpreting() else {"enable_fp_fusion": False}
 
 
+_tickets: dict[tuple[torch.device, str], torch.Tensor] = {}
+
+
+def tickets(device: torch.device, count: int, kernel: str) -> torch.Tensor:
+    """Arrival counters for a reduction finished inside the kernel by the last of its programs
+    to arrive (matmul's split-K, attention's key partitions), zero between launches: the last
+    arrival resets its counter. One buffer per device and kernel family: kernels on one stream
+    run one after another (under programmatic dependent launch too, since a program counts only
+    after `wait_for_inputs`), so they never share a counter at the same time. At least 16K
+    counters (matmul splits only where a weight has fewer column tiles than the target, so at
+    most 4 row tiles x that many; attention splits below 256 programs), created outside graph
+    captures (a capture cannot allocate them)."""
+    buf = _tickets.get((device, kernel))
+    if buf is None or buf.numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{kernel}: the arrival tickets must exist before a graph capture")
+        buf = torch.zeros(max(count, 1 << 14), dtype=torch.int32, device=device)
+        _tickets[(device, kernel)] = buf
+    return buf
+
+
 @triton.jit
 def wait_for_inputs(PDL: tl.constexpr):
     """Under programmatic dependent launch: wait until the previous kernel has completed and its

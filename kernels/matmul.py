@@ -30,7 +30,7 @@ try:  # host-side tensor descriptors (Triton >= 3.4)
 except ImportError:  # pragma: no cover - older Triton: prefill keeps the pointer-load tiles
     TensorDescriptor = None
 
-from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, wait_for_inputs
+from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, tickets, wait_for_inputs
 from lanes.packed import PackedWeight
 
 BLOCK_K = 64
@@ -78,24 +78,6 @@ def plan_for(n: int, k: int, target: int) -> Plan:
 def split_for(n: int, k: int, device: torch.device) -> int:
     """Segments of the K reduction for a weight of shape [n, k] on this device."""
     return plan_for(n, k, target_programs(torch.device(device))).split
-
-
-_tickets: dict[torch.device, torch.Tensor] = {}
-
-
-def tickets(device: torch.device, count: int) -> torch.Tensor:
-    """Per-tile arrival counters for the in-kernel split-K reduction, zero between launches (the
-    last program of a tile resets its counter). One buffer per device: kernels on one stream
-    run one after another, so they never share a counter at the same time."""
-    buf = _tickets.get(device)
-    if buf is None or buf.numel() < count:
-        # split-K runs only where a weight has fewer column tiles than the target, so a split
-        # launch needs at most 4 row tiles x that many counters: 16K covers any target < 4K
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("matmul: the split-K tickets must exist before a graph capture")
-        buf = torch.zeros(max(count, 1 << 14), dtype=torch.int32, device=device)
-        _tickets[device] = buf
-    return buf
 
 
 @triton.jit
@@ -377,7 +359,7 @@ def matmul(
         launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     # asked on every call, so the first matmul on a device (eager, before any graph) makes them
-    counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0)
+    counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0, "matmul")
     tiles = None if partial or m <= _SMALL_M else prefill_tiles_for(x, w)
     if tiles is not None:
         matmul_tiles(x, w, bias, out, plan.split, tiles)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lanes.kernels import attention, delta_rule, matmul
+from lanes.kernels.common import tickets
 from lanes.kernels.registry import REGISTRY, attention_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,7 +106,7 @@ def test_matmul_rows_do_not_depend_on_m(dtype, n, k):
     for m in (37, 128):
         batch = torch.cat([x[:5], row, x[6:m]])
         assert torch.equal(matmul.matmul(batch, w, bias)[5:6], alone), m
-    assert not matmul.tickets(torch.device(DEVICE), 1).any()  # every ticket back at zero
+    assert not tickets(torch.device(DEVICE), 1, "matmul").any()  # every ticket back at zero
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -164,8 +165,8 @@ SMALL_TILES = dict(block_n=16, part_tiles=2)
 
 
 def test_attention_partitions_split_or_merged_in_one_program_agree():
-    """Decode and verify rows: the key partitions computed by parallel programs and merged in a
-    second launch give the bits of one program merging them as it walks; both near the plain
+    """Decode and verify rows: the key partitions computed by parallel programs and merged by the
+    last to arrive give the bits of one program merging them as it walks; both near the plain
     softmax. Other partitions give other bits (what the equality rests on is the partitioning
     and the merge's arithmetic, not a trivially shared computation)."""
     gen = torch.Generator().manual_seed(5)
@@ -176,6 +177,7 @@ def test_attention_partitions_split_or_merged_in_one_program_agree():
     one = attention.paged_attention(q, k_cache, v_cache, meta, split=False, **SMALL_TILES)
     split = attention.paged_attention(q, k_cache, v_cache, meta, split=True, **SMALL_TILES)
     assert torch.equal(one, split)
+    assert not tickets(torch.device(DEVICE), 1, "attention").any()  # every ticket back at zero
     ref = attention.ref_paged_attention(q, k_cache, v_cache, seqs)
     torch.testing.assert_close(one, ref, rtol=1e-4, atol=1e-5)
     other = attention.paged_attention(q, k_cache, v_cache, meta, block_n=16, part_tiles=3)
