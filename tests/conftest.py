@@ -15,6 +15,47 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _interpreted_helpers_without_repatching() -> None:
+    """Triton's interpreter patches triton.language for a kernel launch, and again (several
+    inspect.getmembers sweeps, about 1 ms) on every call of a @triton.jit helper inside it,
+    though the patch is usually still in place. The kernels call helpers per key tile and per
+    partition, so on the interpreted tests that was about a quarter of the time (cProfile of a
+    device-rounds test: 25.6 of 105 s). Here a helper repatches only where a language module
+    its code sees (triton.language, or triton.language.core for Triton's own helpers such as
+    tl.zeros) still has its builtins unpatched, judged by one of them (`full`: every sweep
+    patches all of a module's builtins together). Where the interpreter is not shaped as
+    expected, it is left alone."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    helper = getattr(interpreter, "InterpretedFunction", None)
+    needed = ("rewrite", "_patch_lang", "InterpreterError")
+    if helper is None or not all(hasattr(helper, n) or hasattr(interpreter, n) for n in needed):
+        return
+    langs_of: dict[int, list] = {}
+
+    def call(self, *args, **kwargs):
+        scope = self.fn.__globals__
+        langs = langs_of.get(id(scope))
+        if langs is None:
+            langs = langs_of[id(scope)] = [v for v in scope.values() if v is tl or v is tl.core]
+        if any(tl.core.is_builtin(lang.full) for lang in langs):
+            interpreter._patch_lang(self.fn)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    helper.__call__ = call
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreted_helpers_without_repatching()
+
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
