@@ -44,7 +44,7 @@ def build_engine(
     a tensor-parallel group (the drafter lives on rank 0); engine_type: an Engine subclass (tests
     that change one mechanism to show a check fails without it)."""
     cfg = config or EngineConfig()
-    ckpt = checkpoint or open_checkpoint(model)
+    ckpt = checkpoint or open_checkpoint(model, cfg.gguf_packed)
     dtype = getattr(torch, cfg.torch_dtype_name)
     ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
     decoder = build_decoder(ckpt, ops, dtype, cfg.device)

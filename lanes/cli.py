@@ -31,6 +31,7 @@ def _generate(args: argparse.Namespace) -> int:
         exact=not args.fast,
         drafter=args.drafter,
         num_draft_tokens=args.num_draft_tokens,
+        gguf_packed=args.gguf_packed,
     )
     engine = build_engine(args.model, config)
     use_chat = engine.tokenizer.chat_template and not args.raw
@@ -104,6 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
         overlap=args.overlap,
         device_rounds=args.device_rounds,
         max_model_len=args.max_model_len,
+        gguf_packed=args.gguf_packed,
     )
     names = args.served_model_name or [model or "SmolLM2-135M-Instruct"]
     template = args.chat_template
@@ -137,7 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 0
     if args.tokenizer:
-        checkpoint = with_tokenizer(model, args.tokenizer)
+        checkpoint = with_tokenizer(model, args.tokenizer, args.gguf_packed)
         serve(_off_the_main_thread(build_engine, checkpoint=checkpoint, config=config), **options)
         return 0
     serve(_off_the_main_thread(build_engine, model, config), **options)
@@ -170,7 +172,7 @@ def _off_the_main_thread(fn, *args, **kwargs):
     return result["value"]
 
 
-def with_tokenizer(model: str | None, tokenizer_dir: str):
+def with_tokenizer(model: str | None, tokenizer_dir: str, gguf_packed: bool = False):
     """The model's checkpoint with the tokenizer of another HF directory (vLLM's --tokenizer):
     it must not know ids past the model's vocabulary."""
     from pathlib import Path
@@ -178,7 +180,7 @@ def with_tokenizer(model: str | None, tokenizer_dir: str):
     from lanes.models import open_checkpoint
     from lanes.tokenizer import Tokenizer
 
-    checkpoint = open_checkpoint(model)
+    checkpoint = open_checkpoint(model, gguf_packed)
     path = Path(tokenizer_dir)
     if not path.is_dir():
         raise _CliError(f"--tokenizer {tokenizer_dir}: not a directory (a local HF tokenizer)")
@@ -407,6 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     gen.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
+    gen.add_argument(
+        "--gguf-packed",
+        action="store_true",
+        help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights packed (less memory; slower on the CPU)",
+    )
     gen.add_argument("--json", action="store_true", help="print token ids and text as JSON")
     gen.set_defaults(run=_generate)
 
@@ -513,6 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
     model.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    model.add_argument(
+        "--gguf-packed",
+        action="store_true",
+        help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights packed (less memory; slower on the CPU)",
+    )
     model.add_argument(
         "--tensor-parallel",
         "--tensor-parallel-size",

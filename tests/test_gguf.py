@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lanes import SamplingParams, build_engine
+from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.models import gguf_file
 from lanes.models.resolve import default_gguf
 from tests.conftest import CHATML
@@ -33,7 +33,8 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{i}.{layer[rest]}"
 
 
-def write_gguf(path, hf_dir, hf_model):
+def write_gguf(path, hf_dir, hf_model, quantize=None):
+    """quantize: HF tensor name -> a llama.cpp block type name (Q4_0, Q4_1, Q8_0) or None."""
     import gguf
 
     cfg = hf_model.config
@@ -64,7 +65,13 @@ def write_gguf(path, hf_dir, hf_model):
             a = _permute_like_llama_cpp(a, cfg.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             a = _permute_like_llama_cpp(a, cfg.num_key_value_heads)
-        w.add_tensor(_gguf_name(name), np.ascontiguousarray(a))
+        kind = quantize(name) if quantize is not None else None
+        if kind is None:
+            w.add_tensor(_gguf_name(name), np.ascontiguousarray(a))
+        else:
+            qtype = gguf.GGMLQuantizationType[kind]
+            blocks = gguf.quants.quantize(np.ascontiguousarray(a), qtype)
+            w.add_tensor(_gguf_name(name), blocks, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -83,6 +90,64 @@ def test_tiny_gguf_matches_transformers(tiny_models, tmp_path):
     with torch.no_grad():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_are_affine_codes(kind):
+    """llama.cpp's blocks rewritten as lanes' packed codes (scale * code + bias per 32 inputs)
+    dequantize to gguf's own floats bit for bit; read with the nibbles in the order of the
+    bytes (the natural mistake) they do not."""
+    import gguf
+
+    from lanes.packed import dequantize
+
+    x = np.random.default_rng(1).standard_normal((6, 128)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[kind]
+    blocks = gguf.quants.quantize(x, qtype)
+    theirs = torch.from_numpy(np.asarray(gguf.quants.dequantize(blocks, qtype), np.float32))
+    codes, scales, biases, bits = gguf_file.affine_codes(blocks, kind)
+    ours = dequantize(*map(torch.from_numpy, (codes, scales, biases)), bits, 32)
+    assert torch.equal(ours, theirs)
+    if bits == 4:  # nibbles low, high of byte 0, then of byte 1, ...: another weight
+        size = gguf_file._AFFINE_BLOCKS[kind][0]
+        by_byte = blocks.reshape(6, -1, size).copy()
+        nibbles = by_byte[..., size - 16 :]
+        lo, hi = nibbles & 0xF, nibbles >> 4
+        pairs = np.stack([lo, hi], axis=-1).reshape(6, -1, 32)
+        by_byte[..., size - 16 :] = pairs[..., :16] | (pairs[..., 16:] << 4)
+        wrong = gguf_file.affine_codes(by_byte.reshape(6, -1), kind)
+        assert not torch.equal(dequantize(*map(torch.from_numpy, wrong[:3]), bits, 32), theirs)
+
+
+def test_a_quantized_gguf_served_packed(tiny_models, tmp_path):
+    """Q4_0 / Q4_1 / Q8_0 weights (q and k rows in llama.cpp's order) kept as codes: the same
+    logits as the GGUF dequantized at load, in a fraction of the memory; a lane's tokens are the
+    same alone and batched."""
+    hf_dir, hf = tiny_models["llama"]
+    path = tmp_path / "q.gguf"
+
+    def quantize(name: str):
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            return "Q8_0"
+        if name.endswith("_proj.weight"):
+            return "Q4_0" if ".layers.0." in name else "Q4_1"
+        return None
+
+    write_gguf(path, hf_dir, hf, quantize)
+    packed = build_engine(str(path), EngineConfig(gguf_packed=True))
+    floats = build_engine(str(path))
+    assert packed.runner.decoder.weights.packed_forms() == {(4, 32): 8, (8, 32): 2}
+    assert packed.runner.decoder.weights.nbytes < floats.runner.decoder.weights.nbytes / 3
+    text = "The quick brown fox jumps over the lazy dog. 0123 Paris!"
+    ids = floats.tokenizer.encode(text)
+    torch.testing.assert_close(
+        packed.prompt_logits([ids])[0], floats.prompt_logits([ids])[0], rtol=1e-5, atol=1e-5
+    )
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    prompts = [text, "Paris is the capital of"]
+    solo = [packed.generate([p], params)[0].token_ids for p in prompts]
+    assert [c.token_ids for c in packed.generate(prompts, params)] == solo
+    assert solo[0] == floats.generate([text], params)[0].token_ids
 
 
 def test_tokenizer_export_from_a_gguf(tiny_models, tmp_path):

@@ -45,7 +45,12 @@ def build_decoder(ckpt: Checkpoint, ops: Ops, dtype: torch.dtype, device: str) -
         weights = assemble(
             ckpt.config, ckpt.load, dtype, device, progress=bar.update, packed=ckpt.packed
         )
+    forms = weights.packed_forms()
+    packed = "; ".join(f"{n} packed at {b} bits, group {g}" for (b, g), n in sorted(forms.items()))
     logging.getLogger("lanes").info(
-        "%s: weights hold %.1f MiB in memory", ckpt.source, weights.nbytes / 2**20
+        "%s: weights hold %.1f MiB in memory%s",
+        ckpt.source,
+        weights.nbytes / 2**20,
+        f" ({packed}; the rest {str(dtype).removeprefix('torch.')})" if packed else "",
     )
     return Decoder(ckpt.config, weights, ops)

