@@ -220,7 +220,9 @@ def test_without_the_hub_the_default_model_says_where_it_comes_from(tmp_path, mo
     opened = object()
     monkeypatch.setattr(resolve, "hub_snapshot", unreachable)
     monkeypatch.setattr(resolve, "default_gguf", lambda: gguf)
-    monkeypatch.setattr(resolve, "open_gguf", lambda path: opened if path == gguf else None)
+    monkeypatch.setattr(
+        resolve, "open_gguf", lambda path, packed=False: opened if path == gguf else None
+    )
     monkeypatch.setattr(resolve, "export_tokenizer", lambda ckpt, directory: directory)
     assert resolve.open_default() is opened
     assert f"the default model comes from {gguf}" in capsys.readouterr().err
