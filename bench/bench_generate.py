@@ -7,6 +7,7 @@
                                   lanes.ops.WEIGHT_MAJOR)
         [--prefill 1000]       (also: time to first token of a fresh prompt of that many tokens)
         [--context 1500]       (also: decode tok/s after a cached prompt of that many tokens)
+        [--gguf-packed off,on] (a .gguf's Q4/Q8 weights dequantized at load or kept packed)
 
 Prints a table and writes bench/results/generate-<device>.json. Modes alternate (A B A B) so drift
 hits both; the first run of each mode is a warm-up and is dropped.
@@ -41,9 +42,12 @@ def main() -> None:
     ap.add_argument("--weight-major", default=None, help="comma-separated on/off to compare")
     ap.add_argument("--prefill", type=int, default=0, help="also time a fresh N-token prompt")
     ap.add_argument("--context", type=int, default=0, help="also decode after an N-token prompt")
+    ap.add_argument("--gguf-packed", default=None, help="comma-separated off/on to compare")
     args = ap.parse_args()
 
-    ckpt = open_checkpoint(args.model)
+    packings = [p == "on" for p in args.gguf_packed.split(",")] if args.gguf_packed else [False]
+    ckpts = {packing: open_checkpoint(args.model, packing) for packing in packings}
+    ckpt = ckpts[packings[0]]
     dtypes = args.dtypes.split(",")
     tiles = [int(t) for t in args.row_tiles.split(",")] if args.row_tiles else [ops.ROW_TILE]
     forms = (
@@ -56,15 +60,21 @@ def main() -> None:
         for dtype in dtypes:
             for tile in tiles:
                 for form in forms:
-                    name = mode + (f"-{dtype}" if len(dtypes) > 1 else "")
-                    name += f"-tile{tile}" if len(tiles) > 1 else ""
-                    name += ("-weight-major" if form else "-rows-major") if len(forms) > 1 else ""
-                    engines[name] = build_engine(
-                        checkpoint=ckpt,
-                        config=EngineConfig(device=args.device, exact=mode == "exact", dtype=dtype),
-                    )
-                    # each engine its own prompt cache: no KV crosses tiles or forms
-                    row_tile[name], weight_major[name] = tile, form
+                    for packing in packings:
+                        name = mode + (f"-{dtype}" if len(dtypes) > 1 else "")
+                        name += f"-tile{tile}" if len(tiles) > 1 else ""
+                        name += (
+                            ("-weight-major" if form else "-rows-major") if len(forms) > 1 else ""
+                        )
+                        name += ("-packed" if packing else "-float") if len(packings) > 1 else ""
+                        engines[name] = build_engine(
+                            checkpoint=ckpts[packing],
+                            config=EngineConfig(
+                                device=args.device, exact=mode == "exact", dtype=dtype
+                            ),
+                        )
+                        # each engine its own prompt cache: no KV crosses tiles or forms
+                        row_tile[name], weight_major[name] = tile, form
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {m: [] for m in engines}
     ttfts: dict[str, list[float]] = {m: [] for m in engines}
@@ -112,6 +122,7 @@ def main() -> None:
         "device": args.device,
         "model": ckpt.source,
         "dtypes": {m: e.config.torch_dtype_name for m, e in engines.items()},
+        "weight_mib": {m: e.runner.decoder.weights.nbytes / 2**20 for m, e in engines.items()},
         "batch": 1,
         "prompt_tokens": prompt_len,
         "new_tokens": args.new_tokens,
@@ -132,7 +143,11 @@ def main() -> None:
             extra += f"{r[f'decode_after_{args.context}_tok_s']:.1f} tok/s"
         print(f"{mode:14} {r['median_s']:9.3f} {r['tok_per_s']:7.1f}{extra}")
     result["row_tiles"], result["weight_major"] = row_tile, weight_major
-    plain = args.modes == "exact,fast" and args.dtypes == "auto" and len(tiles) == len(forms) == 1
+    plain = (
+        args.modes == "exact,fast"
+        and args.dtypes == "auto"
+        and len(tiles) == len(forms) == len(packings) == 1
+    )
     tag = "" if plain else "-" + "-".join(engines)
     out = Path(__file__).parent / "results" / f"generate-{args.device}{tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
