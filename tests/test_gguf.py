@@ -119,12 +119,10 @@ def test_gguf_blocks_are_affine_codes(kind):
         assert not torch.equal(dequantize(*map(torch.from_numpy, wrong[:3]), bits, 32), theirs)
 
 
-def test_a_quantized_gguf_served_packed(tiny_models, tmp_path):
-    """Q4_0 / Q4_1 / Q8_0 weights (q and k rows in llama.cpp's order) kept as codes: the same
-    logits as the GGUF dequantized at load, in a fraction of the memory; a lane's tokens are the
-    same alone and batched."""
+def _quantized_gguf(tiny_models, path):
+    """The tiny Llama as llama.cpp would quantize it: Q4_0 projections in layer 0, Q4_1 in the
+    rest, Q8_0 embedding and LM head."""
     hf_dir, hf = tiny_models["llama"]
-    path = tmp_path / "q.gguf"
 
     def quantize(name: str):
         if name.endswith(("embed_tokens.weight", "lm_head.weight")):
@@ -134,6 +132,14 @@ def test_a_quantized_gguf_served_packed(tiny_models, tmp_path):
         return None
 
     write_gguf(path, hf_dir, hf, quantize)
+    return path
+
+
+def test_a_quantized_gguf_served_packed(tiny_models, tmp_path):
+    """Q4_0 / Q4_1 / Q8_0 weights (q and k rows in llama.cpp's order) kept as codes: the same
+    logits as the GGUF dequantized at load, in a fraction of the memory; a lane's tokens are the
+    same alone and batched."""
+    path = _quantized_gguf(tiny_models, tmp_path / "q.gguf")
     packed = build_engine(str(path), EngineConfig(gguf_packed=True))
     floats = build_engine(str(path))
     assert packed.runner.decoder.weights.packed_forms() == {(4, 32): 8, (8, 32): 2}
@@ -148,6 +154,27 @@ def test_a_quantized_gguf_served_packed(tiny_models, tmp_path):
     solo = [packed.generate([p], params)[0].token_ids for p in prompts]
     assert [c.token_ids for c in packed.generate(prompts, params)] == solo
     assert solo[0] == floats.generate([text], params)[0].token_ids
+
+
+def test_a_packed_gguf_on_the_triton_ops(tiny_models, tmp_path):
+    """The packed GGUF through the Triton kernels (interpreted on the CPU, native on a GPU): the
+    matmul dequantizes groups of 32 at 4 and 8 bits in registers; the logits are the plain
+    torch path's and a lane's tokens are the same alone and batched."""
+    path = _quantized_gguf(tiny_models, tmp_path / "q.gguf")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = dict(gguf_packed=True, device=device, dtype="float32")
+    triton = build_engine(str(path), EngineConfig(**base, kernels="triton"))
+    plain = build_engine(str(path), EngineConfig(**base, kernels="torch"))
+    assert triton.ops.name == "triton"
+    text = "The quick brown fox jumps over the lazy dog. 0123 Paris!"
+    ids = plain.tokenizer.encode(text)
+    torch.testing.assert_close(
+        triton.prompt_logits([ids])[0], plain.prompt_logits([ids])[0], rtol=1e-4, atol=1e-4
+    )
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    prompts = [text, "Paris is the capital of"]
+    solo = [triton.generate([p], params)[0].token_ids for p in prompts]
+    assert [c.token_ids for c in triton.generate(prompts, params)] == solo
 
 
 def test_tokenizer_export_from_a_gguf(tiny_models, tmp_path):
