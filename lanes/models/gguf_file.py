@@ -129,7 +129,10 @@ def _open(path: Path, packed: bool) -> Checkpoint:
         t = tensors[name]
         if t.tensor_type.name not in _AFFINE_BLOCKS or len(t.shape) != 2:
             return None
-        codes, scales, biases, bits = affine_codes(np.asarray(t.data), t.tensor_type.name)
+        try:
+            codes, scales, biases, bits = affine_codes(np.asarray(t.data), t.tensor_type.name)
+        except ValueError as e:  # a block count that does not fit the row
+            raise WeightError(f"cannot read tensor {name} ({t.tensor_type.name}): {e}") from e
         return PackedWeight(
             *(rows_in_hf_order(name, torch.from_numpy(x)) for x in (codes, scales, biases)),
             bits,
