@@ -25,6 +25,7 @@ def dequantize(
     """[out, in] in scales' dtype from uint32 codes [out, in * bits / 32] and per-group scales
     and biases [out, in / group]."""
     out = codes.shape[0]
+    codes = _words(codes)
     if bits in (4, 8) and sys.byteorder == "little":
         # the words' bytes in memory order hold their codes least significant first: unpacked
         # as bytes (a quarter of the traffic of shifting int64 copies of every word; the CPU's
@@ -37,6 +38,12 @@ def dequantize(
         q = (codes.to(torch.int64)[..., None] >> shifts) & ((1 << bits) - 1)
     w = q.reshape(out, -1, group).float() * scales.float()[..., None] + biases.float()[..., None]
     return w.reshape(out, -1).to(scales.dtype)
+
+
+def _words(codes: torch.Tensor) -> torch.Tensor:
+    """The code words as int32 (the same bits): CUDA lacks uint32 kernels for indexing and
+    conversions. Shifting a sign-extended word and masking still gives each code."""
+    return codes.view(torch.int32) if codes.dtype == torch.uint32 else codes
 
 
 @dataclass
@@ -81,10 +88,10 @@ class PackedWeight:
         )  # fmt: skip
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
-        """The float rows `index` selects (an embedding lookup)."""
-        return dequantize(
-            self.codes[index], self.scales[index], self.biases[index], self.bits, self.group
-        )
+        """The float rows `index` selects (an embedding lookup), indexed as int32 words (found
+        on the H200: a packed embedding's first lookup failed for want of a uint32 kernel)."""
+        codes = _words(self.codes)[index]
+        return dequantize(codes, self.scales[index], self.biases[index], self.bits, self.group)
 
 
 def cat_packed(weights: Sequence[PackedWeight]) -> PackedWeight:
