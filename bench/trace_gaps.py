@@ -1,8 +1,13 @@
-"""What the GPU waits for in steady decode: a torch.profiler trace (CPU and CUDA) over engine
-steps once every lane decodes; for each idle gap over 20 µs between kernels, the host ops that
-were running when it began (what the host was busy with while the GPU had nothing queued).
+"""What the GPU waits for: a torch.profiler trace (CPU and CUDA) over a window of engine work;
+for each idle gap over 20 µs between kernels, the host ops that were running while it lasted
+(what the host was busy with while the GPU had nothing queued).
+
+The window is either steady decode (engine steps once every lane decodes) or, with `--prefill N`,
+one N-token prompt in a single chunk up to its first token (bench_speed's prefill: TTFT against
+the kernels' own time); each gap is then also listed with its offset from the request's start.
 
     python -m bench.trace_gaps [--shape llama-3.1-8b] [--lanes 64] [--context 700] [--steps 10]
+    python -m bench.trace_gaps --prefill 8192 [--shape llama-3.1-8b]
 """
 
 from __future__ import annotations
@@ -16,28 +21,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.profile_busy import settle
-from bench.shapes import SHAPES, random_checkpoint
-from lanes import EngineConfig, build_engine
+from bench.shapes import SHAPES, random_checkpoint, synthetic_prompt
+from lanes import EngineConfig, SamplingParams, build_engine
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
-    ap.add_argument("--lanes", type=int, default=64)
-    ap.add_argument("--context", type=int, default=700)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--overlap", choices=["on", "off"], default="on")
-    ap.add_argument("--out", default="bench/results/trace-gaps-h200.json")
-    args = ap.parse_args()
-    shape = SHAPES[args.shape]
-    config = EngineConfig(
-        device="cuda",
-        kv_cache_bytes=24 * 2**30,
-        prompt_cache_bytes=0,
-        max_lanes=64,
-        overlap=args.overlap == "on",
-    )
-    engine = build_engine(checkpoint=random_checkpoint(shape, "cuda"), config=config)
+def decode_window(engine, shape, args) -> tuple[profile, float, float]:
+    """Profile `args.steps` steady decode steps; (profile, wall seconds, units)."""
     settle(engine, shape.vocab_size, args.lanes, args.context, args.steps + 80)
     for _ in range(40):  # past every lane's first steps: no graph capture inside the window
         engine.step()
@@ -48,6 +37,47 @@ def main() -> None:
             engine.step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
+    return prof, wall, args.steps
+
+
+def prefill_window(engine, shape, args) -> tuple[profile, float, float]:
+    """Profile one `args.prefill`-token prompt to its first token, after two warm-up prompts
+    of the same length (Triton compiles, the allocator grows); (profile, TTFT seconds, 1)."""
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    for i in range(2):
+        prompt = synthetic_prompt(shape.vocab_size, args.prefill, 100 + i)
+        engine.generate([prompt], params, cache_salt=f"w{i}")
+    torch.cuda.synchronize()
+    prompt = synthetic_prompt(shape.vocab_size, args.prefill, 999)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        (out,) = engine.generate([prompt], params, cache_salt="traced")
+        torch.cuda.synchronize()
+    return prof, out.ttft, 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    ap.add_argument("--lanes", type=int, default=64)
+    ap.add_argument("--context", type=int, default=700)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--prefill", type=int, default=0, help="trace one prompt of this length")
+    ap.add_argument("--overlap", choices=["on", "off"], default="on")
+    ap.add_argument("--out", default="bench/results/trace-gaps-h200.json")
+    args = ap.parse_args()
+    shape = SHAPES[args.shape]
+    chunk = dict(prefill_chunk=args.prefill, max_tokens_per_round=args.prefill)
+    config = EngineConfig(
+        device="cuda",
+        kv_cache_bytes=24 * 2**30,
+        prompt_cache_bytes=0,
+        max_lanes=64,
+        overlap=args.overlap == "on",
+        **(chunk if args.prefill else {}),
+    )
+    engine = build_engine(checkpoint=random_checkpoint(shape, "cuda"), config=config)
+    window = prefill_window if args.prefill else decode_window
+    prof, wall, units = window(engine, shape, args)
     events = prof.events()
     kernels = sorted(
         (e.time_range.start, e.time_range.end)
@@ -59,6 +89,7 @@ def main() -> None:
         for e in events
         if e.device_type == torch.autograd.DeviceType.CPU
     ]
+    first_host = min(h0 for h0, _, _ in host)
     gaps, end, covered = [], None, 0.0
     for a, b in kernels:
         if end is not None and a - end > 20.0:
@@ -72,19 +103,28 @@ def main() -> None:
             overlap = min(g1, h1) - max(g0, h0)
             if overlap > 0:
                 blame[name] += overlap
+    unit = "prompt" if args.prefill else "step"
     report = {
         "shape": args.shape,
-        "lanes": args.lanes,
+        "lanes": 1 if args.prefill else args.lanes,
+        "prefill": args.prefill,
         "overlap": args.overlap,
         "steps": args.steps,
-        "wall_ms_per_step": wall / args.steps * 1e3,  # under the profiler: a little slower
-        "device_ms_per_step": covered / args.steps / 1e3,
-        "gaps_over_20us_per_step": len(gaps) / args.steps,
-        "gap_ms_per_step": sum(b - a for a, b in gaps) / args.steps / 1e3,
-        "host_ops_during_gaps_ms_per_step": {
-            name: round(us / args.steps / 1e3, 4) for name, us in blame.most_common(40)
+        # under the profiler: a little slower; for --prefill the TTFT of the traced prompt
+        f"wall_ms_per_{unit}": wall / units * 1e3,
+        f"device_ms_per_{unit}": covered / units / 1e3,
+        # host time before the first kernel of the window (planning, layout, copies)
+        "ms_before_first_kernel": (kernels[0][0] - first_host) / 1e3 if kernels else None,
+        f"gaps_over_20us_per_{unit}": len(gaps) / units,
+        f"gap_ms_per_{unit}": sum(b - a for a, b in gaps) / units / 1e3,
+        f"host_ops_during_gaps_ms_per_{unit}": {
+            name: round(us / units / 1e3, 4) for name, us in blame.most_common(40)
         },
     }
+    if args.prefill:  # where in the prompt's time the gaps fall: ms from the first host op
+        report["gaps_ms_at_offset"] = [
+            [round((a - first_host) / 1e3, 3), round((b - a) / 1e3, 3)] for a, b in gaps
+        ]
     print(json.dumps(report, indent=1))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

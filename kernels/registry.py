@@ -140,7 +140,11 @@ def _rope_kv_cases(dtype, device, gen):
     """Column views of one fused qkv output, as the decoder passes them; with and without the
     per-head norms (Qwen3)."""
     out = []
-    for t, hq, hkv, d, s, norm in [(1, 4, 2, 16, 32, False), (13, 6, 2, 64, 64, True)]:
+    for t, hq, hkv, d, s, norm in [
+        (1, 4, 2, 16, 32, False),
+        (13, 6, 2, 64, 64, True),
+        (5, 9, 3, 32, 32, True),  # query heads over two programs (8 + 1)
+    ]:
         qkv = _rand((t, (hq + 2 * hkv) * d), dtype, device, gen)
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         ang = torch.rand((t, d // 2), generator=gen) * 6.28
@@ -359,7 +363,7 @@ REGISTRY: list[KernelSpec] = [
         (torch.float32, torch.bfloat16, torch.float16),
         True,
         "q, k, v [T, H, D] with heads contiguous in a row (views of a fused qkv); D even; "
-        "one program per token and head",
+        "a program per token and up to 8 heads",
         _LOW,
         _rope_kv_cases,
     ),

@@ -9,6 +9,16 @@ import triton.language as tl
 
 from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
 
+# heads per program (at most): a program rotates a [heads, head_dim] tile of one token, so a
+# prefill of T tokens runs T x (HQ + HKV) / 8 programs instead of one per token and head (8K
+# tokens of the 8B shape: 41K programs, not 328K). Chosen from the head counts only, so a token's
+# bits never depend on how many tokens share the launch.
+HEADS_PER_PROGRAM = 8
+
+
+def _heads_per_program(heads: int) -> int:
+    return min(HEADS_PER_PROGRAM, triton.next_power_of_2(heads))
+
 
 @triton.jit
 def _rope_kernel(
@@ -19,14 +29,16 @@ def _rope_kernel(
     H,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
+    HEADS: tl.constexpr,
 ):
     t = tl.program_id(0)
-    h = tl.program_id(1)
-    base = (t * H + h) * 2 * HALF
+    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    base = t * H * 2 * HALF
     cos_row, sin_row = cos_ptr + t * HALF, sin_ptr + t * HALF
-    _rope_head(
-        x_ptr + base, out_ptr + base, cos_row, sin_row, x_ptr, 0.0, 2 * HALF, False, HALF, BLOCK
-    )
+    _rope_heads(
+        x_ptr + base, out_ptr + base, h, h < H, cos_row, sin_row, x_ptr, 0.0, 2 * HALF, False,
+        HALF, BLOCK,
+    )  # fmt: skip
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -43,7 +55,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty_like(x)
     if t:
-        _rope_kernel[(t, h)](x, cos, sin, out, h, HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2))
+        heads = _heads_per_program(h)
+        _rope_kernel[(t, triton.cdiv(h, heads))](
+            x, cos, sin, out, h, HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2), HEADS=heads
+        )
     return out
 
 
@@ -56,9 +71,11 @@ def ref_rope(x, cos, sin):
 
 
 @triton.jit
-def _rope_head(
+def _rope_heads(
     src,
     dst,
+    heads,
+    real,
     cos_ptr,
     sin_ptr,
     norm_ptr,
@@ -68,24 +85,26 @@ def _rope_head(
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One head [D]: optional RMSNorm (fp32, rounded to the dtype, times the weight), then the
+    """Heads `heads` (where `real`) of one token, each D contiguous values D apart from src and
+    dst: optional RMSNorm per head (fp32, rounded to the dtype, times the weight), then the
     rotation, stored at dst."""
     i = tl.arange(0, BLOCK)
-    mask = i < HALF
-    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    mask = real[:, None] & (i < HALF)[None, :]
+    at = heads[:, None] * D + i[None, :]
+    x1 = tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + at, mask=mask, other=0.0).to(tl.float32)
     if NORM:
-        inv = tl.math.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
-        w1 = tl.load(norm_ptr + i, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(norm_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
-        x1 = (w1 * (x1 * inv).to(dst.dtype.element_ty).to(tl.float32)).to(dst.dtype.element_ty)
-        x2 = (w2 * (x2 * inv).to(dst.dtype.element_ty).to(tl.float32)).to(dst.dtype.element_ty)
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    c = tl.load(cos_ptr + i, mask=mask, other=0.0)
-    s = tl.load(sin_ptr + i, mask=mask, other=0.0)
-    tl.store(dst + i, (x1 * c - x2 * s).to(dst.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF + i, (x2 * c + x1 * s).to(dst.dtype.element_ty), mask=mask)
+        inv = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+        w1 = tl.load(norm_ptr + i, mask=i < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(norm_ptr + HALF + i, mask=i < HALF, other=0.0).to(tl.float32)[None, :]
+        x1 = (x1 * inv[:, None]).to(dst.dtype.element_ty).to(tl.float32)
+        x2 = (x2 * inv[:, None]).to(dst.dtype.element_ty).to(tl.float32)
+        x1 = (w1 * x1).to(dst.dtype.element_ty).to(tl.float32)
+        x2 = (w2 * x2).to(dst.dtype.element_ty).to(tl.float32)
+    c = tl.load(cos_ptr + i, mask=i < HALF, other=0.0)[None, :]
+    s = tl.load(sin_ptr + i, mask=i < HALF, other=0.0)[None, :]
+    tl.store(dst + at, (x1 * c - x2 * s).to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + at, (x2 * c + x1 * s).to(dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -110,45 +129,35 @@ def _rope_kv_write_kernel(
     NORM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
+    HEADS_Q: tl.constexpr,  # query heads per program
+    HEADS_KV: tl.constexpr,  # key/value heads per program
     PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     t = tl.program_id(0)
-    h = tl.program_id(1)  # query heads first, then key/value heads
+    p = tl.program_id(1)  # query-head programs first, then key/value-head programs
     D = 2 * HALF
     cos_row = cos_ptr + t * HALF
     sin_row = sin_ptr + t * HALF
-    if h < HQ:
-        _rope_head(
-            q_ptr + t * stride_q + h * D,
-            q_out_ptr + (t * HQ + h) * D,
-            cos_row,
-            sin_row,
-            q_norm_ptr,
-            eps,
-            D,
-            NORM,
-            HALF,
-            BLOCK,
-        )
+    q_programs = tl.cdiv(HQ, HEADS_Q)
+    if p < q_programs:
+        h = p * HEADS_Q + tl.arange(0, HEADS_Q)
+        _rope_heads(
+            q_ptr + t * stride_q, q_out_ptr + t * HQ * D, h, h < HQ, cos_row, sin_row,
+            q_norm_ptr, eps, D, NORM, HALF, BLOCK,
+        )  # fmt: skip
     else:
-        hk = h - HQ
-        row = (tl.load(slots_ptr + t) * HKV + hk) * D
-        _rope_head(
-            k_ptr + t * stride_k + hk * D,
-            k_cache_ptr + row,
-            cos_row,
-            sin_row,
-            k_norm_ptr,
-            eps,
-            D,
-            NORM,
-            HALF,
-            BLOCK,
-        )
+        hk = (p - q_programs) * HEADS_KV + tl.arange(0, HEADS_KV)
+        real = hk < HKV
+        slot_row = tl.load(slots_ptr + t) * HKV * D  # the token's slot: its heads are D apart
+        _rope_heads(
+            k_ptr + t * stride_k, k_cache_ptr + slot_row, hk, real, cos_row, sin_row,
+            k_norm_ptr, eps, D, NORM, HALF, BLOCK,
+        )  # fmt: skip
         d = tl.arange(0, 2 * BLOCK)
-        mask = d < D
-        tl.store(v_cache_ptr + row + d, tl.load(v_ptr + t * stride_v + hk * D + d, mask=mask), mask)
+        at = hk[:, None] * D + d[None, :]
+        mask = real[:, None] & (d < D)[None, :]
+        tl.store(v_cache_ptr + slot_row + at, tl.load(v_ptr + t * stride_v + at, mask=mask), mask)
 
 
 def _heads_view(x: torch.Tensor, name: str) -> None:
@@ -178,7 +187,9 @@ def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, slots, norms=None, eps: f
     out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     if t:
         q_norm, k_norm = norms if norms is not None else (out, out)
-        _rope_kv_write_kernel[(t, hq + hkv)](
+        heads_q, heads_kv = _heads_per_program(hq), _heads_per_program(hkv)
+        programs = triton.cdiv(hq, heads_q) + triton.cdiv(hkv, heads_kv)
+        _rope_kv_write_kernel[(t, programs)](
             q,
             k,
             v,
@@ -199,6 +210,8 @@ def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, slots, norms=None, eps: f
             NORM=norms is not None,
             HALF=d // 2,
             BLOCK=triton.next_power_of_2(d // 2),
+            HEADS_Q=heads_q,
+            HEADS_KV=heads_kv,
             **pdl_launch(q.device),
         )
     return out

@@ -110,6 +110,28 @@ def test_matmul_rows_do_not_depend_on_m(dtype, n, k):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_kv_write_rows_do_not_depend_on_t(dtype):
+    """A token's rotated q, and the k and v written at its slot, are the same bits in a launch of
+    many tokens (heads over several programs, per-head norms) as alone."""
+    from lanes.kernels import rope
+    from lanes.kernels.registry import _rope_kv_cases
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, cos, sin, k_cache, v_cache, slots, norms, eps = _rope_kv_cases(dtype, DEVICE, gen)[2]
+    kc, vc = k_cache.clone(), v_cache.clone()
+    whole = rope.rope_kv_write(q, k, v, cos, sin, kc, vc, slots, norms, eps)
+    for i in range(q.shape[0]):
+        one = slice(i, i + 1)
+        kc1, vc1 = k_cache.clone(), v_cache.clone()
+        alone = rope.rope_kv_write(
+            q[one], k[one], v[one], cos[one], sin[one], kc1, vc1, slots[one], norms, eps
+        )
+        assert torch.equal(alone, whole[one]), i
+        assert torch.equal(kc1[slots[one]], kc[slots[one]]), i
+        assert torch.equal(vc1[slots[one]], vc[slots[one]]), i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_matmul_rows_do_not_depend_on_m(dtype):
     """4-bit MLX codes dequantized in the kernel: the split-K path and the one-program path give
     a row the same bits, as with float weights."""
