@@ -113,15 +113,15 @@ def main() -> None:
         # under the profiler: a little slower; for --prefill the TTFT of the traced prompt
         f"wall_ms_per_{unit}": wall / units * 1e3,
         f"device_ms_per_{unit}": covered / units / 1e3,
-        # host time before the first kernel of the window (planning, layout, copies)
-        "ms_before_first_kernel": (kernels[0][0] - first_host) / 1e3 if kernels else None,
         f"gaps_over_20us_per_{unit}": len(gaps) / units,
         f"gap_ms_per_{unit}": sum(b - a for a, b in gaps) / units / 1e3,
         f"host_ops_during_gaps_ms_per_{unit}": {
             name: round(us / units / 1e3, 4) for name, us in blame.most_common(40)
         },
     }
-    if args.prefill:  # where in the prompt's time the gaps fall: ms from the first host op
+    if args.prefill:  # host time before the first kernel (planning, layout, copies), and where
+        # in the prompt's time the gaps fall: ms from the first host op
+        report["ms_before_first_kernel"] = (kernels[0][0] - first_host) / 1e3
         report["gaps_ms_at_offset"] = [
             [round((a - first_host) / 1e3, 3), round((b - a) / 1e3, 3)] for a, b in gaps
         ]
