@@ -20,9 +20,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.bench_speed import prefill_s
 from bench.profile_busy import settle
-from bench.shapes import SHAPES, random_checkpoint, synthetic_prompt
-from lanes import EngineConfig, SamplingParams, build_engine
+from bench.shapes import SHAPES, random_checkpoint
+from lanes import EngineConfig, build_engine
 
 
 def decode_window(engine, shape, args) -> tuple[profile, float, float]:
@@ -43,16 +44,13 @@ def decode_window(engine, shape, args) -> tuple[profile, float, float]:
 def prefill_window(engine, shape, args) -> tuple[profile, float, float]:
     """Profile one `args.prefill`-token prompt to its first token, after two warm-up prompts
     of the same length (Triton compiles, the allocator grows); (profile, TTFT seconds, 1)."""
-    params = SamplingParams(max_tokens=1, ignore_eos=True)
     for i in range(2):
-        prompt = synthetic_prompt(shape.vocab_size, args.prefill, 100 + i)
-        engine.generate([prompt], params, cache_salt=f"w{i}")
+        prefill_s(engine, shape.vocab_size, args.prefill, 100 + i)
     torch.cuda.synchronize()
-    prompt = synthetic_prompt(shape.vocab_size, args.prefill, 999)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        (out,) = engine.generate([prompt], params, cache_salt="traced")
+        ttft = prefill_s(engine, shape.vocab_size, args.prefill, 999)
         torch.cuda.synchronize()
-    return prof, out.ttft, 1
+    return prof, ttft, 1
 
 
 def main() -> None:
