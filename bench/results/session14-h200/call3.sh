@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# H200 call 3 (fourteenth session, straight after call 2 on the warm machine): bench_speed with
+# gpt-fast in the same run (8B and SmolLM2 batch-1 decode, 8K and 32K prefill, exact and fast);
+# then issue 19: the 4-bit GEMV's launch variants and ncu on one 28672 x 4096 launch.
+export PYTHONUNBUFFERED=1
+timeout 300 python3 -m bench.bench_speed --peers .peers --repeats 2 > $OUT/speed.log 2>&1
+grep -E "median|gpt|ratio|prefill_" $OUT/speed.log | head -40; cp bench/results/speed-*.json $OUT/ 2>/dev/null
+# (3) issue 19: the 4-bit GEMV's launch variants, and ncu on one 28672 x 4096 launch
+PYTHONPATH=. timeout 110 python3 .exp/packed_sweep.py > $OUT/packed-sweep.jsonl 2>&1
+python3 -c "
+import json,sys
+rs=[json.loads(l) for l in open('$OUT/packed-sweep.jsonl') if l.startswith('{')]
+for s in ('qkv','gate_up'):
+    ok=sorted((r for r in rs if r['shape']==s and 'us' in r), key=lambda r: r['us'])
+    print(s, [(r['bn'],r['bk'],r['stages'],r['warps'],r['us'],r['rows_ok']) for r in ok[:4]], 'n', len(ok))"
+timeout 100 ncu --clock-control none -k regex:_matmul_kernel -s 2 -c 1 --section SpeedOfLight \
+  --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+  --section MemoryWorkloadAnalysis --section InstructionStats python3 -c "
+import torch
+from lanes.kernels import matmul
+import importlib.util, sys
+sys.argv = ['x']
+spec = importlib.util.spec_from_file_location('ps', '.exp/packed_sweep.py')
+src = open('.exp/packed_sweep.py').read().split('for name, (n, k)')[0]
+exec(src)
+gen = torch.Generator(device='cuda').manual_seed(0)
+w = packed(28672, 4096, 64, gen)
+x = torch.randn((1, 4096), device='cuda', dtype=torch.bfloat16, generator=gen)
+for _ in range(3):
+    matmul.matmul(x, w)
+torch.cuda.synchronize()
+" > $OUT/ncu-packed.txt 2>&1
+grep -E "Duration|Throughput|Stall|Registers|Shared Memory|Achieved Occ|Warp Cycles|Issued|Executed Ipc|Pipe|==PROF==|Error" $OUT/ncu-packed.txt | head -40
