@@ -12,19 +12,16 @@ import json,sys
 rs=[json.loads(l) for l in open('$OUT/packed-sweep.jsonl') if l.startswith('{')]
 for s in ('qkv','gate_up'):
     ok=sorted((r for r in rs if r['shape']==s and 'us' in r), key=lambda r: r['us'])
-    print(s, [(r['bn'],r['bk'],r['stages'],r['warps'],r['us'],r['rows_ok']) for r in ok[:4]], 'n', len(ok))"
+    print(s, 'engine', [(r['us'], r['tbs']) for r in ok if r['engine']], 'best', [(r['bn'],r['split'],r['bk'],r['stages'],r['warps'],r['us'],r['tbs'],r['rows_ok']) for r in ok[:5]], 'n', len(ok), 'rows differ', sum(not r['rows_ok'] for r in ok))"
 timeout 100 ncu --clock-control none -k regex:_matmul_kernel -s 2 -c 1 --section SpeedOfLight \
   --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section InstructionStats python3 -c "
 import torch
 from lanes.kernels import matmul
-import importlib.util, sys
-sys.argv = ['x']
-spec = importlib.util.spec_from_file_location('ps', '.exp/packed_sweep.py')
-src = open('.exp/packed_sweep.py').read().split('for name, (n, k)')[0]
-exec(src)
+from importlib.machinery import SourceFileLoader
+ps = SourceFileLoader('ps', '.exp/packed_sweep.py').load_module()
 gen = torch.Generator(device='cuda').manual_seed(0)
-w = packed(28672, 4096, 64, gen)
+w = ps.packed(28672, 4096, 64, gen)
 x = torch.randn((1, 4096), device='cuda', dtype=torch.bfloat16, generator=gen)
 for _ in range(3):
     matmul.matmul(x, w)
