@@ -4,8 +4,6 @@
 # per-kernel device time (PDL off) of the
 # batch-1 decode steps and the 8K prefill; then issue 19: the 4-bit GEMV's launch variants and ncu on one 28672 x 4096 launch.
 export PYTHONUNBUFFERED=1
-timeout 250 python3 -m bench.bench_speed --peers .peers --repeats 2 --skip-32k > $OUT/speed.log 2>&1
-grep -E "median|gpt|ratio|prefill_" $OUT/speed.log | head -40; cp bench/results/speed-*.json $OUT/ 2>/dev/null
 LANES_PDL=0 timeout 100 python3 -m bench.profile_kernels --out $OUT/kernels-pdl0.json 2>&1 | tail -1 | cut -c1-300
 python3 - <<'PY'
 import json, os
