@@ -5,7 +5,7 @@
 # 128 against M = 4,096 for the 8B and SmolLM2 weights; GPU kernel tests; bench_speed with
 # gpt-fast in the same run; decode steps and the 8K TTFT before (HEAD in .before/) and after.
 export PYTHONUNBUFFERED=1
-ROOT=$PWD
+ROOT=$PWD  # .exp/ttft.py is results/session13-h200/exp/ttft.py
 timeout 80 python3 -m bench.exactness --shape llama-3.1-8b --requests 6 --max-prompt 4096 \
   --modes exact --out $OUT/exactness-8b.json 2>&1 | grep -E "^(exact|fast)|Error|failed" | tail -4
 timeout 60 python3 -c "
