@@ -65,8 +65,7 @@ def plan_for(n: int, k: int, target: int) -> Plan:
     """Enough programs to fill the GPU at decode: 64-column tiles unless the weight is too narrow
     to reach the target even at the largest split, then 32; the smallest split of the K blocks
     (any divisor leaving segments of at least _MIN_SEGMENT_BLOCKS: K = 14336's 224 blocks split
-    in 2, 4, 7, 8, 14 or 16)
-    that comes within a quarter of the target, else the largest. Decode steps through K twice
+    in 2, 4, 7, 8, 14 or 16) that comes within a quarter of the target, else the largest. Decode steps through K twice
     as wide where the segment allows.
 
     Why a quarter short is enough (H200, no weight in L2, results/session14-h200/call1): the 8B
@@ -74,8 +73,9 @@ def plan_for(n: int, k: int, target: int) -> Plan:
     and the prefill tiles sum fewer segments (down at M = 8,192: 1,404 -> 1,272 us). Why 128-wide
     K steps: each program streams 256 contiguous bytes of a weight row per load, not 128
     (lm_head 252 -> 233 us); the tensor cores add their 16-wide K chunks into the accumulator in
-    the same ascending order either way, so every row keeps its bits (checked at M = 1, 37, 64
-    against M = 4,096 for every 8B weight)."""
+    the same ascending order either way, so every row keeps its bits (H200: bench.kernel_check's
+    rows of M = 1, 37, 64, 128 against M = 4,096 for the 8B and SmolLM2 projections, the sweep's
+    for lm_head)."""
     blocks = k // BLOCK_K
     most = max(1, min(blocks // _MIN_SEGMENT_BLOCKS, _MAX_SPLIT))
     divisors = [d for d in range(1, most + 1) if blocks % d == 0]
