@@ -63,19 +63,19 @@ def target_programs(device: torch.device) -> int:
 @functools.cache
 def plan_for(n: int, k: int, target: int) -> Plan:
     """Enough programs to fill the GPU at decode: 64-column tiles unless the weight is too narrow
-    to reach the target even at the largest split, then 32; the smallest split of the K blocks
-    (any divisor leaving segments of at least _MIN_SEGMENT_BLOCKS: K = 14336's 224 blocks split
-    in 2, 4, 7, 8, 14 or 16) that comes within a quarter of the target, else the largest. Decode steps through K twice
-    as wide where the segment allows.
+    to reach the target even at the largest split, then 32. The split is a divisor of the K
+    blocks leaving segments of at least _MIN_SEGMENT_BLOCKS (K = 14336's 224 blocks split in 2,
+    4, 7, 8, 14 or 16): the smallest whose segments a decode program can walk 128 wide and whose
+    programs come within a quarter of the target; where none does, the smallest that reaches
+    the target (else the largest), walked 64 wide.
 
-    Why a quarter short is enough (H200, no weight in L2, results/session14-h200/call1): the 8B
-    o projection ran 12.5 us in 512 programs and 11.8 in 256; down 32.2 in 448 and 30.8 in 256;
-    and the prefill tiles sum fewer segments (down at M = 8,192: 1,404 -> 1,272 us). Why 128-wide
-    K steps: each program streams 256 contiguous bytes of a weight row per load, not 128
-    (lm_head 252 -> 233 us); the tensor cores add their 16-wide K chunks into the accumulator in
-    the same ascending order either way, so every row keeps its bits (H200: bench.kernel_check's
-    rows of M = 1, 37, 64, 128 against M = 4,096 for the 8B and SmolLM2 projections, the sweep's
-    for lm_head)."""
+    Measured on the H200 with no weight in L2 (results/session14-h200/call1): with 128-wide
+    steps fewer, longer segments stream better (o 12.5 us in 8 segments -> 11.8 in 4, down 32.1
+    in 7 -> 30.8 in 4), with 64-wide steps it goes the other way (13.4 and 36.5 in 4); lm_head
+    252 -> 233 us; and prefill's tiles add fewer segments (down at M = 8,192: 1,404 -> 1,272
+    us). The tensor cores add their 16-wide K chunks into the accumulator in ascending order at
+    either width, so every row keeps its bits (bench.kernel_check's rows of M = 1, 37, 64, 128
+    against M = 4,096 for the 8B and SmolLM2 projections, the sweep's for lm_head)."""
     blocks = k // BLOCK_K
     most = max(1, min(blocks // _MIN_SEGMENT_BLOCKS, _MAX_SPLIT))
     divisors = [d for d in range(1, most + 1) if blocks % d == 0]
@@ -84,9 +84,11 @@ def plan_for(n: int, k: int, target: int) -> Plan:
         block_n = 32
     tiles = triton.cdiv(n, block_n)
     enough = target - target // 4
-    split = next((d for d in divisors if tiles * d >= enough), divisors[-1])
-    decode_block_k = WIDE_BLOCK_K if (k // split) % WIDE_BLOCK_K == 0 else BLOCK_K
-    return Plan(block_n, split, decode_block_k)
+    wide = [d for d in divisors if (k // d) % WIDE_BLOCK_K == 0 and tiles * d >= enough]
+    if wide:
+        return Plan(block_n, wide[0], WIDE_BLOCK_K)
+    split = next((d for d in divisors if tiles * d >= target), divisors[-1])
+    return Plan(block_n, split)
 
 
 def split_for(n: int, k: int, device: torch.device) -> int:
