@@ -49,7 +49,7 @@ class Plan:
 
     block_n: int  # output columns per program
     split: int  # segments of the K reduction (divides k / BLOCK_K)
-    decode_block_k: int = BLOCK_K  # K per step at <= 64 rows (bf16/fp16 on a GPU)
+    decode_block_k: int = BLOCK_K  # K per step at <= 64 rows (bf16/fp16 on Hopper)
 
 
 @functools.cache
@@ -374,8 +374,15 @@ def matmul(
         block_m, block_n = 128, 128
         launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
     # fp32 products and the interpreter's row-stable dot are loops whose order follows the
-    # tile's K, and packed codes are unpacked per tile: only tensor-core tiles take wide steps
-    wide_k = m <= _SMALL_M and not packed and x.dtype != torch.float32 and not interpreting()
+    # tile's K, and packed codes are unpacked per tile: only tensor-core tiles take wide steps,
+    # and only where their pipeline stages fit in shared memory
+    wide_k = (
+        m <= _SMALL_M
+        and not packed
+        and x.dtype != torch.float32
+        and not interpreting()
+        and _wide_steps_fit(x.device)
+    )
     block_k = plan.decode_block_k if wide_k else BLOCK_K
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     # asked on every call, so the first matmul on a device (eager, before any graph) makes them
@@ -421,6 +428,14 @@ def matmul(
         **pdl_launch(x.device),
     )
     return out
+
+
+@functools.cache
+def _wide_steps_fit(device: torch.device) -> bool:
+    """Whether 64 x 64 tiles with 128-wide K steps, three stages deep (96 KB of shared memory),
+    fit a program here: Hopper's 228 KB do (the only GPU they were measured on); the 100 KB of
+    consumer Ampere and Ada would not leave room, so those keep 64-wide steps."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @functools.cache
