@@ -46,7 +46,7 @@ def forced(plan):
     original = matmul.plan_for
 
     def run(*args, **kwargs):
-        matmul.plan_for = lambda n, k, target: plan
+        matmul.plan_for = lambda n, k, target, wide=False: plan
         try:
             return matmul.matmul(*args, **kwargs)
         finally:
@@ -57,7 +57,7 @@ def forced(plan):
 
 def shape_times(n: int, k: int, rows: list[int], target: int) -> dict:
     w = torch.randn((n, k), device="cuda", dtype=torch.bfloat16) * k**-0.5
-    plan = matmul.plan_for(n, k, target)
+    plan = matmul.plan_for(n, k, target, matmul.wide_steps(w.dtype, w.device))
     splits = [s for s in (1, 2, 4, 8) if s != plan.split and (k // matmul.BLOCK_K) % s == 0]
     out = {}
     for m in rows:

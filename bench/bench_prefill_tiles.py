@@ -81,8 +81,9 @@ def main() -> None:
     args = ap.parse_args()
     target = matmul.target_programs(torch.device("cuda"))
     report = {"device": torch.cuda.get_device_name(), "rows": args.rows, "shapes": {}}
+    wide = matmul.wide_steps(torch.bfloat16, torch.device("cuda"))
     for name, (n, k) in LAYERS_8B.items():
-        row = shape_row(n, k, args.rows, matmul.plan_for(n, k, target))
+        row = shape_row(n, k, args.rows, matmul.plan_for(n, k, target, wide))
         report["shapes"][name] = row
         print(name, json.dumps(row), flush=True)
     with open(args.out, "w") as f:

@@ -59,7 +59,8 @@ def _rows_equal(fn, xs: torch.Tensor, repeats: int) -> bool:
 def _shape_invariance(n: int, k: int, gen: torch.Generator, repeats: int) -> dict:
     w = torch.randn((n, k), generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
     plain = torch.randn((4096, k), generator=gen, device="cuda", dtype=torch.bfloat16)
-    plan = matmul.plan_for(n, k, matmul.target_programs(torch.device("cuda")))
+    cuda = torch.device("cuda")
+    plan = matmul.plan_for(n, k, matmul.target_programs(cuda), matmul.wide_steps(w.dtype, cuda))
     return {
         "split_k": plan.split,
         "block_n": plan.block_n,

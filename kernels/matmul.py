@@ -34,7 +34,7 @@ from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, tickets, wa
 from lanes.packed import PackedWeight
 
 BLOCK_K = 64
-WIDE_BLOCK_K = 128  # decode's K step where a segment allows (plan_for)
+WIDE_BLOCK_K = 128  # decode's K step where a segment and the launch allow (plan_for)
 _SMALL_M = 64  # up to this many rows: parallel segments
 _MAX_SPLIT = 16
 # a segment shorter than this costs more in partials and arrival counting than its parallelism
@@ -49,7 +49,7 @@ class Plan:
 
     block_n: int  # output columns per program
     split: int  # segments of the K reduction (divides k / BLOCK_K)
-    decode_block_k: int = BLOCK_K  # K per step at <= 64 rows (bf16/fp16 on Hopper)
+    decode_block_k: int = BLOCK_K  # K per step at <= 64 rows
 
 
 @functools.cache
@@ -60,14 +60,22 @@ def target_programs(device: torch.device) -> int:
     return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def wide_steps(dtype: torch.dtype, device: torch.device, packed: bool = False) -> bool:
+    """Whether this weight's decode programs may walk K 128 wide: tensor-core tiles only (fp32
+    products and the interpreter's row-stable dot are loops whose order follows the tile's K,
+    and packed codes are unpacked per tile), on a GPU whose shared memory holds the stages."""
+    return not packed and dtype != torch.float32 and not interpreting() and _wide_steps_fit(device)
+
+
 @functools.cache
-def plan_for(n: int, k: int, target: int) -> Plan:
+def plan_for(n: int, k: int, target: int, wide: bool = False) -> Plan:
     """Enough programs to fill the GPU at decode: 64-column tiles unless the weight is too narrow
     to reach the target even at the largest split, then 32. The split is a divisor of the K
     blocks leaving segments of at least _MIN_SEGMENT_BLOCKS (K = 14336's 224 blocks split in 2,
-    4, 7, 8, 14 or 16): the smallest whose segments a decode program can walk 128 wide and whose
-    programs come within a quarter of the target; where none does, the smallest that reaches
-    the target (else the largest), walked 64 wide.
+    4, 7, 8, 14 or 16). With `wide` (see wide_steps): the smallest whose segments a decode
+    program can walk 128 wide and whose programs come within a quarter of the target; where
+    none does, or without `wide`, the smallest that reaches the target (else the largest),
+    walked 64 wide.
 
     Measured on the H200 with no weight in L2 (results/session14-h200/call1): with 128-wide
     steps fewer, longer segments stream better (o 12.5 us in 8 segments -> 11.8 in 4, down 32.1
@@ -83,17 +91,21 @@ def plan_for(n: int, k: int, target: int) -> Plan:
     if triton.cdiv(n, 64) * divisors[-1] < target:
         block_n = 32
     tiles = triton.cdiv(n, block_n)
-    enough = target - target // 4
-    wide = [d for d in divisors if (k // d) % WIDE_BLOCK_K == 0 and tiles * d >= enough]
     if wide:
-        return Plan(block_n, wide[0], WIDE_BLOCK_K)
+        enough = target - target // 4
+        for d in divisors:
+            if (k // d) % WIDE_BLOCK_K == 0 and tiles * d >= enough:
+                return Plan(block_n, d, WIDE_BLOCK_K)
     split = next((d for d in divisors if tiles * d >= target), divisors[-1])
     return Plan(block_n, split)
 
 
-def split_for(n: int, k: int, device: torch.device) -> int:
-    """Segments of the K reduction for a weight of shape [n, k] on this device."""
-    return plan_for(n, k, target_programs(torch.device(device))).split
+def split_for(
+    n: int, k: int, device: torch.device, dtype: torch.dtype, packed: bool = False
+) -> int:
+    """Segments of the K reduction for a weight of shape [n, k] and this dtype on this device."""
+    device = torch.device(device)
+    return plan_for(n, k, target_programs(device), wide_steps(dtype, device, packed)).split
 
 
 @triton.jit
@@ -361,7 +373,7 @@ def matmul(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    plan = plan_for(n, k, target_programs(x.device))
+    plan = plan_for(n, k, target_programs(x.device), wide_steps(x.dtype, x.device, packed))
     partial = plan.split > 1 and m <= _SMALL_M
     # bf16/fp16: tensor-core tiles of 16 to 256 rows and of 32 to 256 columns give a row the
     # same bits (checked on the H200: bench.kernel_check, bench_prefill_tiles), so 17-64 rows
@@ -373,17 +385,7 @@ def matmul(
     if not partial and m > _SMALL_M and x.dtype != torch.float32 and not interpreting():
         block_m, block_n = 128, 128
         launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
-    # fp32 products and the interpreter's row-stable dot are loops whose order follows the
-    # tile's K, and packed codes are unpacked per tile: only tensor-core tiles take wide steps,
-    # and only where their pipeline stages fit in shared memory
-    wide_k = (
-        m <= _SMALL_M
-        and not packed
-        and x.dtype != torch.float32
-        and not interpreting()
-        and _wide_steps_fit(x.device)
-    )
-    block_k = plan.decode_block_k if wide_k else BLOCK_K
+    block_k = plan.decode_block_k if m <= _SMALL_M else BLOCK_K
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     # asked on every call, so the first matmul on a device (eager, before any graph) makes them
     counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0, "matmul")

@@ -97,7 +97,7 @@ def test_matmul_rows_do_not_depend_on_m(dtype, n, k):
     """Split-K shapes: the parallel segments reduced in-kernel by the last arrival (at most 64
     rows), and the one-program path above."""
     gen = torch.Generator().manual_seed(1)
-    assert matmul.split_for(n, k, DEVICE) > 1
+    assert matmul.split_for(n, k, DEVICE, dtype) > 1
     w = (torch.randn((n, k), generator=gen) * k**-0.5).to(DEVICE, dtype)
     bias = torch.randn((n,), generator=gen).to(DEVICE, dtype)
     x = torch.randn((128, k), generator=gen).to(DEVICE, dtype)
@@ -139,7 +139,7 @@ def test_packed_matmul_rows_do_not_depend_on_m(dtype):
 
     gen = torch.Generator().manual_seed(3)
     n, k = 64, 512
-    assert matmul.split_for(n, k, DEVICE) > 1
+    assert matmul.split_for(n, k, DEVICE, dtype, packed=True) > 1
     codes = torch.randint(0, 2**32, (n, k // 8), generator=gen, dtype=torch.int64)
     scales = (torch.rand((n, k // 64), generator=gen) * k**-0.5 / 16).to(DEVICE, dtype)
     w = PackedWeight(codes.to(torch.uint32).to(DEVICE), scales, -7.5 * scales, 4, 64)
