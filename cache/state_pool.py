@@ -2,15 +2,18 @@
 
 A slot holds, for every linear-attention layer, the causal conv's last `kernel - 1` inputs and
 the delta rule's state matrix per value head, in float32. The slot always describes the lane
-after position `num_computed - 1`: each forward starts at the lane's num_computed, reads the
-slot and writes it back. A forward that starts at position 0 starts from zeros.
+after position `positions - 1`: each forward starts at the lane's num_computed, reads the slot
+and writes it back. A forward that starts at position 0 starts from zeros. One slot more than
+the lanes is the scratch slot, which CUDA-graph padding lanes read and write.
 
-Verify forwards run drafts through the recurrent layers too, and rejected drafts must not stay
-in the state: for steps marked `keep_states` the pool keeps the state after every row, and
-`settle(slot, num_computed)` puts back the one after the last accepted position.
+Verify forwards run drafts through the recurrent layers too, and rejected drafts must not reach
+the state: a step marked `keep_states` leaves the slot where it was and records each layer's
+inputs to the recurrence (`defer`); once acceptance is known, the engine's settle runs the
+accepted rows again from the slot (the same per-row arithmetic, so the same bits as the verify
+forward computed) and writes the state after the last accepted position.
 
-    verify rows at positions 40 41 42 43 (drafts 41..43), 2 drafts accepted -> num_computed 43
-    kept: after 40, after 41, after 42, after 43   settle -> the slot holds "after 42"
+    verify rows at positions 40 41 42 43 (drafts 41..43): the slot stays "after 39"
+    2 drafts accepted -> num_computed 43: settle runs rows 40 41 42 -> the slot holds "after 42"
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ class StatePool:
         device: torch.device | str,
     ) -> None:
         f32 = dict(dtype=torch.float32, device=device)
-        self.conv = torch.zeros((num_slots, num_layers, *conv_shape), **f32)
-        self.recurrent = torch.zeros((num_slots, num_layers, *state_shape), **f32)
+        self.conv = torch.zeros((num_slots + 1, num_layers, *conv_shape), **f32)
+        self.recurrent = torch.zeros((num_slots + 1, num_layers, *state_shape), **f32)
+        self.scratch_slot = num_slots
         self.free = list(range(num_slots - 1, -1, -1))
         # tokens each slot's state has consumed, per layer; and the state before the latest write
         self.positions = [[0] * num_layers for _ in range(num_slots)]
         self.before: dict[tuple[int, int], tuple[int, torch.Tensor, torch.Tensor]] = {}
-        # slot -> (position of the first kept row, per layer: (conv rows, state rows))
-        self.kept: dict[int, tuple[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = {}
+        # slot -> (first position of its verify step, per layer: the rows' (mixed, b, a))
+        self.pending: dict[int, tuple[int, dict[int, tuple[torch.Tensor, ...]]]] = {}
 
     @staticmethod
     def bytes_per_slot(
@@ -50,7 +54,11 @@ class StatePool:
 
     @property
     def num_slots(self) -> int:
-        return self.conv.shape[0]
+        return self.scratch_slot
+
+    @property
+    def num_layers(self) -> int:
+        return self.conv.shape[1]
 
     @property
     def num_free(self) -> int:
@@ -66,7 +74,7 @@ class StatePool:
             return
         if slot in self.free:
             raise AssertionError(f"state slot {slot} released twice")
-        self.kept.pop(slot, None)
+        self.pending.pop(slot, None)
         for layer in range(len(self.positions[slot])):
             self.before.pop((slot, layer), None)
         self.positions[slot] = [0] * len(self.positions[slot])
@@ -96,44 +104,47 @@ class StatePool:
         )
 
     def write(
-        self,
-        slot: int,
-        layer: int,
-        position: int,
-        conv: torch.Tensor,
-        state: torch.Tensor,
-        rows: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-        first_position: int = 0,
+        self, slot: int, layer: int, position: int, conv: torch.Tensor, state: torch.Tensor
     ) -> None:
-        """The state after `position` tokens (a step's last row); with `rows`, the state after
-        each of its rows from first_position on, kept for `settle`."""
+        """The state after `position` tokens."""
         self.conv[slot, layer] = conv
         self.recurrent[slot, layer] = state
         self.positions[slot][layer] = position
-        if rows is None:
-            self.kept.pop(slot, None)
-            return
-        start, layers = self.kept.get(slot, (first_position, {}))
-        if start != first_position:
-            layers = {}
-        layers[layer] = (torch.stack([c for c, _ in rows]), torch.stack([s for _, s in rows]))
-        self.kept[slot] = (first_position, layers)
 
-    def settle(self, slot: int, num_computed: int) -> None:
-        """After verification: the slot holds the state after position num_computed - 1."""
-        entry = self.kept.pop(slot, None)
-        if entry is None:
+    def defer(self, slot: int, layer: int, position: int, inputs: tuple[torch.Tensor, ...]) -> None:
+        """A verify step from `position` read the layer's state and left it there; `inputs`
+        (its rows' mixed, b, a) are what settling runs again for the accepted rows."""
+        start, layers = self.pending.get(slot, (position, {}))
+        if start != position:
+            layers = {}
+        layers[layer] = inputs
+        self.pending[slot] = (position, layers)
+
+    def check_position(self, slot: int, position: int) -> None:
+        """A forward that reads the slot in place (a CUDA graph) starts at `position`: every
+        layer must hold it, and at 0 the slot is cleared (a released slot keeps old values)."""
+        if slot < 0:
+            raise ValueError("a hybrid model's step needs its lane's state slot")
+        if position == 0:
+            self.conv[slot].zero_()
+            self.recurrent[slot].zero_()
             return
-        start, layers = entry
-        row = num_computed - 1 - start
-        for layer, (conv_rows, state_rows) in layers.items():
-            if not 0 <= row < len(conv_rows):
+        held = self.positions[slot]
+        for layer in (j for j, p in enumerate(held) if p != position):
+            before = self.before.get((slot, layer))  # a failed eager forward wrote this layer
+            if before is None or before[0] != position:
                 raise AssertionError(
-                    f"state slot {slot}: position {num_computed - 1} is not among the kept rows"
+                    f"state slot {slot} holds positions {held}; a step starts at {position}"
                 )
-            self.conv[slot, layer] = conv_rows[row]
-            self.recurrent[slot, layer] = state_rows[row]
-            self.positions[slot][layer] = num_computed
+            self.write(slot, layer, position, before[1], before[2])
+
+    def advanced(self, slot: int, position: int) -> None:
+        """Every layer of the slot now holds `position` (a CUDA graph wrote it in place; no
+        backup of the state before is kept)."""
+        self.positions[slot] = [position] * self.num_layers
+        for layer in range(self.num_layers):
+            self.before.pop((slot, layer), None)
+        self.pending.pop(slot, None)
 
     def snapshot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the slot's whole state (every layer): conv [layers, ...], state [layers, ...]."""
@@ -144,7 +155,7 @@ class StatePool:
         self.conv[slot] = conv
         self.recurrent[slot] = state
         self.positions[slot] = [position] * len(self.positions[slot])
-        self.kept.pop(slot, None)
+        self.pending.pop(slot, None)
 
     def check_integrity(self, owned: list[int]) -> None:
         """Every slot is free or owned by exactly one lane."""

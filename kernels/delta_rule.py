@@ -1,8 +1,9 @@
-"""A DeltaNet layer's conv and gated delta rule for one lane's rows, in plain torch
-(`delta_rule_steps`: the CPU ops' recurrence and the kernel's reference) and as Triton kernels
-(`gated_delta`): one program per value head and block of value columns holding its part of the
-state S [dk, dv] in registers across the rows, then one program per row and head for the gated
-RMSNorm (which needs the whole head).
+"""A DeltaNet layer's conv and gated delta rule, in plain torch (`delta_rule_steps`: the CPU
+ops' recurrence and the kernel's reference) and as Triton kernels: one program per (lane, value
+head, block of value columns) holding its part of the state S [dk, dv] in registers across the
+lane's rows, then one program per row and head for the gated RMSNorm (which needs the whole head).
+`gated_delta` runs one lane whose state is passed in; `gated_delta_lanes` runs lanes of equal row
+counts whose states sit in pool slots named by a device tensor (CUDA graphs).
 
 One lane's rows, with its conv window (the last `kernel - 1` inputs) and recurrent state S
 [value heads, dk, dv], both float32:
@@ -51,19 +52,19 @@ class DeltaRuleWeights:
 
 def delta_rule_steps(
     mixed: torch.Tensor,  # [T, conv_dim] the conv's inputs (q | k | v channels)
-    z: torch.Tensor,  # [T, value_heads * dv] the output gate
+    z: torch.Tensor | None,  # [T, value_heads * dv] the output gate; None: no outputs wanted
     b: torch.Tensor,  # [T, value_heads]
     a: torch.Tensor,  # [T, value_heads]
     conv: torch.Tensor,  # [conv_dim, kernel - 1] float32
     state: torch.Tensor,  # [value_heads, dk, dv] float32
     w: DeltaRuleWeights,
-    keep: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
-    """(out [T, value_heads, dv] in the model dtype, conv and state after the last row, and with
-    `keep` the (conv, state) after every row)."""
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(out [T, value_heads, dv] in the model dtype, or None without z; the conv window and
+    state after the last row)."""
     hk, hv, dk, dv = w.key_heads, w.value_heads, w.key_dim, w.value_dim
-    out = torch.empty((mixed.shape[0], hv, dv), dtype=w.norm.dtype, device=mixed.device)
-    kept = [] if keep else None
+    out = None
+    if z is not None:
+        out = torch.empty((mixed.shape[0], hv, dv), dtype=w.norm.dtype, device=mixed.device)
     for r in range(mixed.shape[0]):
         window = torch.cat([conv, mixed[r].float()[:, None]], dim=1)  # [conv_dim, kernel]
         conv = window[:, 1:]
@@ -79,11 +80,10 @@ def delta_rule_steps(
         remembered = (state * k[:, :, None]).sum(dim=1)  # [hv, dv]: S^T k
         delta = (v.view(hv, dv) - remembered) * beta[:, None]
         state = state + k[:, :, None] * delta[:, None, :]
-        o = (state * q[:, :, None]).sum(dim=1)  # [hv, dv]: S^T q
-        out[r] = _gated_rms_norm(o, z[r].view(hv, dv), w.norm, w.eps)
-        if kept is not None:
-            kept.append((conv, state))
-    return out, conv, state, kept
+        if out is not None:
+            o = (state * q[:, :, None]).sum(dim=1)  # [hv, dv]: S^T q
+            out[r] = _gated_rms_norm(o, z[r].view(hv, dv), w.norm, w.eps)
+    return out, conv, state
 
 
 def _l2_normalised(x: torch.Tensor) -> torch.Tensor:
@@ -122,21 +122,23 @@ def _conv_channel(mixed_ptr, conv_ptr, taps_ptr, ch, t, stride_m, KERNEL: tl.con
 
 @triton.jit
 def _gated_delta_kernel(
-    mixed_ptr,  # [T, conv_dim] model dtype, rows stride_m apart
-    b_ptr,  # [T, HV] rows stride_b apart
-    a_ptr,  # [T, HV] rows stride_a apart
-    conv_ptr,  # [conv_dim, KERNEL - 1] float32: the inputs before row 0
-    state_ptr,  # [HV, DK, DV] float32: S before row 0
+    mixed_ptr,  # [lanes * T, conv_dim] model dtype, rows stride_m apart; lane l's rows l*T..
+    b_ptr,  # [lanes * T, HV] rows stride_b apart
+    a_ptr,  # [lanes * T, HV] rows stride_a apart
+    slots_ptr,  # [lanes] int64: each lane's slot in the state pools
+    conv_ptr,  # [slots, conv_dim, KERNEL - 1] float32, slots conv_stride apart: inputs before row 0
+    state_ptr,  # [slots, HV, DK, DV] float32, slots state_stride apart: S before row 0
     taps_ptr,  # [conv_dim, KERNEL] float32
     neg_a_ptr,  # [HV] float32
     dt_bias_ptr,  # [HV] float32
-    o_ptr,  # [T, HV, DV] float32: S^T q of every row, before the gated RMSNorm
-    state_out_ptr,  # [HV, DK, DV] float32: S after the last row
-    kept_ptr,  # [T, HV, DK, DV] float32: S after each row (KEEP), or dummy
-    T,
+    o_ptr,  # [lanes * T, HV, DV] float32: S^T q of every row, before the gated RMSNorm
+    state_out_ptr,  # [slots, HV, DK, DV] float32, slots state_stride apart: S after the last row
+    T,  # rows per lane
     stride_m,
     stride_b,
     stride_a,
+    conv_stride,
+    state_stride,
     q_scale,  # 1 / sqrt(DK)
     l2_eps,
     HK: tl.constexpr,
@@ -145,36 +147,40 @@ def _gated_delta_kernel(
     DV: tl.constexpr,
     BLOCK_V: tl.constexpr,  # value columns of S per program
     KERNEL: tl.constexpr,
-    KEEP: tl.constexpr,
+    STORE_STATE: tl.constexpr,  # False: S is read, never written (verify rows, settled later)
 ):
-    h = tl.program_id(0)  # value head
+    lane = tl.program_id(0)
+    h = tl.program_id(1)  # value head
     kh = h // (HV // HK)  # the key head it reads
+    slot = tl.load(slots_ptr + lane)  # int64: pools of many slots pass 2**31 elements
     dk = tl.arange(0, DK)
-    dv = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     q_ch = kh * DK + dk
     k_ch = HK * DK + kh * DK + dk
     v_ch = 2 * HK * DK + h * DV + dv
-    s_offs = dk[:, None] * DV + dv[None, :]
-    S = tl.load(state_ptr + h * DK * DV + s_offs)
+    s_offs = slot * state_stride + h * DK * DV + dk[:, None] * DV + dv[None, :]
+    S = tl.load(state_ptr + s_offs)
     neg_a = tl.load(neg_a_ptr + h)
     dt_bias = tl.load(dt_bias_ptr + h)
+    mixed_ptr += lane * T * stride_m
+    conv_ptr += slot * conv_stride
     for t in range(0, T):
         q = _conv_channel(mixed_ptr, conv_ptr, taps_ptr, q_ch, t, stride_m, KERNEL)
         k = _conv_channel(mixed_ptr, conv_ptr, taps_ptr, k_ch, t, stride_m, KERNEL)
         v = _conv_channel(mixed_ptr, conv_ptr, taps_ptr, v_ch, t, stride_m, KERNEL)
         q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * q_scale
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
-        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + h).to(tl.float32))
-        x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + dt_bias
+        row = lane * T + t
+        beta = tl.sigmoid(tl.load(b_ptr + row * stride_b + h).to(tl.float32))
+        x = tl.load(a_ptr + row * stride_a + h).to(tl.float32) + dt_bias
         softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold
         S = S * tl.exp(neg_a * softplus)
         remembered = tl.sum(S * k[:, None], axis=0)  # [BLOCK_V]: S^T k
         delta = (v - remembered) * beta
         S = S + k[:, None] * delta[None, :]
-        tl.store(o_ptr + (t * HV + h) * DV + dv, tl.sum(S * q[:, None], axis=0))  # S^T q
-        if KEEP:
-            tl.store(kept_ptr + (t * HV + h) * DK * DV + s_offs, S)
-    tl.store(state_out_ptr + h * DK * DV + s_offs, S)
+        tl.store(o_ptr + (row * HV + h) * DV + dv, tl.sum(S * q[:, None], axis=0))  # S^T q
+    if STORE_STATE:
+        tl.store(state_out_ptr + s_offs, S)
 
 
 @triton.jit
@@ -204,57 +210,105 @@ def _gated_norm_kernel(
 
 def gated_delta(
     mixed: torch.Tensor,
-    z: torch.Tensor,
+    z: torch.Tensor | None,
     b: torch.Tensor,
     a: torch.Tensor,
     conv: torch.Tensor,
     state: torch.Tensor,
     w: DeltaRuleWeights,
-    keep: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
-    """As delta_rule_steps (same arguments and results), in two launches."""
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """As delta_rule_steps (same arguments and results): one lane, its state passed in and the
+    state after its rows returned."""
+    check(conv.dtype == torch.float32 and state.dtype == torch.float32, "float32 state")
+    conv_pool, state_pool = conv.contiguous()[None], state.contiguous()[None]
+    state_out = torch.empty_like(state_pool)
+    slots = torch.zeros(1, dtype=torch.int64, device=mixed.device)
+    out = _launch(mixed, z, b, a, conv_pool, state_pool, state_out, slots, mixed.shape[0], w)
+    inputs = torch.cat([conv, mixed.float().T], dim=1)  # [conv_dim, kernel - 1 + T]
+    state_after = state_out[0] if mixed.shape[0] else state
+    return out, inputs[:, mixed.shape[0] :], state_after
+
+
+def gated_delta_lanes(
+    mixed: torch.Tensor,  # [lanes * T, conv_dim]: lane l's rows are l*T .. l*T + T - 1
+    z: torch.Tensor,  # [lanes * T, value_heads * dv]
+    b: torch.Tensor,  # [lanes * T, value_heads]
+    a: torch.Tensor,  # [lanes * T, value_heads]
+    conv_pool: torch.Tensor,  # [slots, conv_dim, kernel - 1] float32 (a view of one layer)
+    state_pool: torch.Tensor,  # [slots, value_heads, dk, dv] float32
+    slots: torch.Tensor,  # [lanes] int64: each lane's slot
+    rows_per_lane: int,
+    w: DeltaRuleWeights,
+    advance: bool,
+) -> torch.Tensor:
+    """Several lanes of T rows each in one launch, states read from their pool slots (a CUDA
+    graph's form: nothing on the host depends on which slots). With `advance` each lane's conv
+    window and state after its last row are written back to its slot; without, the pools stay
+    as they were (verify rows, whose state is settled once acceptance is known). Lanes sharing
+    a slot (graph padding) must be padding: their writes race. Each row gets the bits
+    gated_delta gives it: the same program, rows in the same order."""
+    lanes, t = slots.shape[0], rows_per_lane
+    check(mixed.shape[0] == lanes * t, "rows must be lanes x rows_per_lane")
+    check(slots.dtype == torch.int64, "slots must be int64")
+    out = _launch(mixed, z, b, a, conv_pool, state_pool, state_pool, slots, t, w, advance)
+    if advance:  # after the kernel, which reads the old windows
+        rows = mixed.view(lanes, t, -1).float().transpose(1, 2)  # [lanes, conv_dim, T]
+        windows = torch.cat([conv_pool[slots], rows], dim=2)[:, :, t:]
+        conv_pool.index_copy_(0, slots, windows)
+    return out
+
+
+def _launch(mixed, z, b, a, conv_pool, state_pool, state_out, slots, t, w, store=True):
+    """The delta-rule kernel over lanes of t rows, then the gated RMSNorm over every row (none
+    without z): out [lanes * t, value_heads, dv] in the model dtype, or None."""
     hk, hv, dk, dv = w.key_heads, w.value_heads, w.key_dim, w.value_dim
-    t, conv_dim = mixed.shape
+    n, conv_dim = mixed.shape
     kernel = w.taps.shape[1]
     check(conv_dim == 2 * hk * dk + hv * dv and hv % hk == 0, "DeltaNet head layout")
     check(
         dk == triton.next_power_of_2(dk) and dv == triton.next_power_of_2(dv),
         f"head dims must be powers of two, got {dk}, {dv}",
     )
-    check(conv.shape == (conv_dim, kernel - 1) and conv.dtype == torch.float32, "conv window")
-    check(state.shape == (hv, dk, dv) and state.dtype == torch.float32, "recurrent state")
+    check(conv_pool.shape[1:] == (conv_dim, kernel - 1), "conv window")
+    check(state_pool.shape[1:] == (hv, dk, dv), "recurrent state")
+    for x in (conv_pool, state_pool):
+        check(x.dtype == torch.float32 and x[0].is_contiguous(), "float32 slots, each contiguous")
+    check(state_out.stride(0) == state_pool.stride(0), "state_out laid out as the state pool")
     for x, name in ((mixed, "mixed"), (z, "z"), (b, "b"), (a, "a")):
-        check(x.stride(-1) == 1, f"{name} needs unit stride along its last dim")
-    conv, state = conv.contiguous(), state.contiguous()
-    out = torch.empty((t, hv, dv), dtype=w.norm.dtype, device=mixed.device)
-    state_out = torch.empty_like(state)
-    kept_states = (
-        torch.empty((t, hv, dk, dv), dtype=torch.float32, device=mixed.device)
-        if keep
-        else state_out
-    )
-    if t:
-        o = torch.empty((t, hv, dv), dtype=torch.float32, device=mixed.device)
-        block_v = min(dv, _BLOCK_V)
-        _gated_delta_kernel[(hv, dv // block_v)](
-            mixed, b, a, conv, state, w.taps.contiguous(), w.neg_a, w.dt_bias, o, state_out,
-            kept_states, t, mixed.stride(0), b.stride(0), a.stride(0), dk**-0.5, L2_EPS,
-            HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_V=block_v, KERNEL=kernel, KEEP=keep,
-            **({} if interpreting() else {"num_warps": _WARPS}), **unfused_launch(),
-        )  # fmt: skip
-        _gated_norm_kernel[(t * hv,)](
+        check(x is None or x.stride(-1) == 1, f"{name} needs unit stride along its last dim")
+    out = None if z is None else torch.empty((n, hv, dv), dtype=w.norm.dtype, device=mixed.device)
+    if not n:
+        return out
+    o = torch.empty((n, hv, dv), dtype=torch.float32, device=mixed.device)
+    block_v = min(dv, _BLOCK_V)
+    _gated_delta_kernel[(slots.shape[0], hv, dv // block_v)](
+        mixed, b, a, slots, conv_pool, state_pool, w.taps.contiguous(), w.neg_a, w.dt_bias, o,
+        state_out, t, mixed.stride(0), b.stride(0), a.stride(0), conv_pool.stride(0),
+        state_pool.stride(0), dk**-0.5, L2_EPS,
+        HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_V=block_v, KERNEL=kernel, STORE_STATE=store,
+        **({} if interpreting() else {"num_warps": _WARPS}), **unfused_launch(),
+    )  # fmt: skip
+    if z is not None:
+        _gated_norm_kernel[(n * hv,)](
             o, z, w.norm, out, z.stride(0), w.eps, HV=hv, DV=dv, **unfused_launch()
         )
-    else:
-        state_out = state
-    # the conv window after each row: the last kernel - 1 inputs
-    inputs = torch.cat([conv, mixed.float().T], dim=1)  # [conv_dim, kernel - 1 + T]
-    kept = None
-    if keep:
-        kept = [(inputs[:, r + 1 : r + kernel], kept_states[r]) for r in range(t)]
-    return out, inputs[:, t:], state_out, kept
+    return out
 
 
-def ref_gated_delta(mixed, z, b, a, conv, state, w, keep):
+def ref_gated_delta(mixed, z, b, a, conv, state, w):
     """The torch form (delta_rule_steps)."""
-    return delta_rule_steps(mixed, z, b, a, conv, state, w, keep)
+    return delta_rule_steps(mixed, z, b, a, conv, state, w)
+
+
+def ref_gated_delta_lanes(mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance):
+    """gated_delta_lanes lane by lane in the torch form."""
+    t, outs = rows_per_lane, []
+    for lane, slot in enumerate(slots.tolist()):
+        rows = slice(lane * t, (lane + 1) * t)
+        out, conv, state = delta_rule_steps(
+            mixed[rows], z[rows], b[rows], a[rows], conv_pool[slot], state_pool[slot], w
+        )
+        outs.append(out)
+        if advance:
+            conv_pool[slot], state_pool[slot] = conv, state
+    return torch.cat(outs)

@@ -229,31 +229,56 @@ def _sampling_cases(dtype, device, gen):
     return out
 
 
-def _delta_cases(dtype, device, gen):
-    """One lane's rows through a DeltaNet layer (2 key heads over 4 value heads, dk = dv = 16,
-    a 4-tap conv): 1, 5 and 9 rows, with and without the per-row states kept."""
+def _delta_weights(dtype, device, gen, hk=2, hv=4, d=16, kernel=4):
+    """A DeltaNet layer's recurrence weights (2 key heads over 4 value heads, dk = dv = 16, a
+    4-tap conv)."""
     from lanes.kernels.delta_rule import DeltaRuleWeights
 
-    hk, hv, d, kernel = 2, 4, 16, 4
     conv_dim = 2 * hk * d + hv * d
+    return DeltaRuleWeights(
+        taps=_rand((conv_dim, kernel), torch.float32, device, gen, 0.5),
+        neg_a=-torch.rand(hv, generator=gen).to(device),
+        dt_bias=_rand((hv,), torch.float32, device, gen),
+        norm=(1 + _rand((d,), torch.float32, device, gen, 0.1)).to(dtype),
+        key_heads=hk,
+        value_heads=hv,
+        key_dim=d,
+        value_dim=d,
+        eps=1e-6,
+    )
+
+
+def _delta_rows(w, rows, dtype, device, gen):
+    """(mixed, z, b, a): views of one projection's rows, as in the model."""
+    conv_dim, hv, d = w.taps.shape[0], w.value_heads, w.value_dim
+    fused = _rand((rows, conv_dim + hv * d + 2 * hv), dtype, device, gen)
+    return fused.split([conv_dim, hv * d, hv, hv], dim=1)
+
+
+def _delta_cases(dtype, device, gen):
+    """One lane's rows through a DeltaNet layer: 1, 5 and 9 rows."""
     out = []
-    for rows, keep in [(1, False), (5, True), (9, False)]:
-        w = DeltaRuleWeights(
-            taps=_rand((conv_dim, kernel), torch.float32, device, gen, 0.5),
-            neg_a=-torch.rand(hv, generator=gen).to(device),
-            dt_bias=_rand((hv,), torch.float32, device, gen),
-            norm=(1 + _rand((d,), torch.float32, device, gen, 0.1)).to(dtype),
-            key_heads=hk,
-            value_heads=hv,
-            key_dim=d,
-            value_dim=d,
-            eps=1e-6,
+    for rows in (1, 5, 9):
+        w = _delta_weights(dtype, device, gen)
+        conv = _rand((w.taps.shape[0], w.taps.shape[1] - 1), torch.float32, device, gen)
+        state = _rand((w.value_heads, w.key_dim, w.value_dim), torch.float32, device, gen, 0.1)
+        out.append((*_delta_rows(w, rows, dtype, device, gen), conv, state, w))
+    return out
+
+
+def _delta_lanes_cases(dtype, device, gen):
+    """Lanes in pool slots out of order: 3 lanes of 1 row (decode, advancing) and 2 lanes of 4
+    rows (verify: the pools only read)."""
+    out = []
+    for lanes, rows, advance in ((3, 1, True), (2, 4, False)):
+        w = _delta_weights(dtype, device, gen)
+        conv_pool = _rand((5, w.taps.shape[0], w.taps.shape[1] - 1), torch.float32, device, gen)
+        state_pool = _rand(
+            (5, w.value_heads, w.key_dim, w.value_dim), torch.float32, device, gen, 0.1
         )
-        fused = _rand((rows, conv_dim + hv * d + 2 * hv), dtype, device, gen)
-        mixed, z, b, a = fused.split([conv_dim, hv * d, hv, hv], dim=1)  # views, as in the model
-        conv = _rand((conv_dim, kernel - 1), torch.float32, device, gen)
-        state = _rand((hv, d, d), torch.float32, device, gen, 0.1)
-        out.append((mixed, z, b, a, conv, state, w, keep))
+        slots = torch.tensor([3, 0, 4][:lanes], dtype=torch.int64, device=device)
+        mixed, z, b, a = _delta_rows(w, lanes * rows, dtype, device, gen)
+        out.append((mixed, z, b, a, conv_pool, state_pool, slots, rows, w, advance))
     return out
 
 
@@ -282,21 +307,15 @@ def _expert_run(x, w, experts):
     return expert_matmul.expert_matmul(x, w, tiles, experts.shape[1])
 
 
-def _tensors(fn):
-    """A delta-rule form whose per-row (conv, state) list comes back as two stacked tensors."""
+def _lanes_run(fn):
+    """A lanes form with its pools copied first (it writes them in place), returning the
+    outputs and both pools."""
 
     @functools.wraps(fn)
-    def run(*case):
-        out, conv, state, kept = fn(*case)
-        if kept is None:
-            return out, conv, state
-        return (
-            out,
-            conv,
-            state,
-            torch.stack([c for c, _ in kept]),
-            torch.stack([s for _, s in kept]),
-        )
+    def run(mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance):
+        conv_pool, state_pool = conv_pool.clone(), state_pool.clone()
+        out = fn(mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance)
+        return out, conv_pool, state_pool
 
     return run
 
@@ -389,13 +408,23 @@ REGISTRY: list[KernelSpec] = [
     ),
     KernelSpec(
         "gated_delta",
-        _tensors(delta_rule.gated_delta),
-        _tensors(delta_rule.ref_gated_delta),
+        delta_rule.gated_delta,
+        delta_rule.ref_gated_delta,
         (torch.float32, torch.bfloat16),
         True,
         "one lane's rows; dk, dv powers of two; one program per value head, rows in order",
         _LOW,
         _delta_cases,
+    ),
+    KernelSpec(
+        "gated_delta_lanes",
+        _lanes_run(delta_rule.gated_delta_lanes),
+        _lanes_run(delta_rule.ref_gated_delta_lanes),
+        (torch.float32, torch.bfloat16),
+        True,
+        "lanes of equal row counts, states in pool slots named on the device (CUDA graphs)",
+        _LOW,
+        _delta_lanes_cases,
     ),
     KernelSpec(
         "expert_matmul",

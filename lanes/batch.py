@@ -25,14 +25,28 @@ class SeqSlice:
     num_queries: int
     context_len: int
     kv_slots: torch.Tensor  # [context_len] int64
-    # hybrid models: the lane's recurrent-state slot (cache.state_pool), and whether to keep the
-    # state after every row (verify steps, whose trailing rows may be rejected)
+    # hybrid models: the lane's recurrent-state slot (cache.state_pool), and whether the step only
+    # reads it (verify steps, whose trailing rows may be rejected: settled once acceptance is known)
     state_slot: int = -1
     keep_states: bool = False
 
     @property
     def first_position(self) -> int:
         return self.context_len - self.num_queries
+
+
+@dataclass(frozen=True)
+class LaneStates:
+    """Hybrid models in a CUDA graph, where no SeqSlice says which lane is where: lane i's rows
+    are [i * rows_per_lane, (i + 1) * rows_per_lane) and its recurrent state is slot slots[i] of
+    the state pool (padding lanes: the scratch slot). Decode steps advance the slots in place;
+    verify steps (`keep`) leave them and copy each linear layer's (mixed, b, a) rows into
+    `saved`, static buffers the host's settle reads once acceptance is known."""
+
+    slots: torch.Tensor  # [lanes] int64, on the device
+    rows_per_lane: int
+    keep: bool
+    saved: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] = ()  # per linear layer
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,7 @@ class ForwardBatch:
     attn_meta: Any = field(default=None, compare=False)  # built by Ops.prepare (Triton ops)
     # [num_tokens, hidden]: the target's features each row reads (EAGLE-style drafters only)
     features: torch.Tensor | None = field(default=None, compare=False)
+    lane_states: LaneStates | None = field(default=None, compare=False)  # hybrids, graphed
 
     @property
     def num_tokens(self) -> int:

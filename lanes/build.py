@@ -71,14 +71,15 @@ def build_engine(
 
 
 def _state_bytes(mc, lanes: int) -> int:
-    """What a hybrid model's recurrent-state slots take of the KV budget (0 for others)."""
+    """What a hybrid model's recurrent-state slots take of the KV budget (0 for others): one
+    per lane and the scratch slot of CUDA-graph padding lanes."""
     if not mc.is_hybrid:
         return 0
     from lanes.cache.state_pool import StatePool
     from lanes.models.deltanet import deltanet_state_shapes
 
     conv, state = deltanet_state_shapes(mc)
-    return lanes * StatePool.bytes_per_slot(len(mc.linear_layers), conv, state)
+    return (lanes + 1) * StatePool.bytes_per_slot(len(mc.linear_layers), conv, state)
 
 
 def _rank_main(rank: int, world: int, init_file: str, model: str, config, job, results) -> None:

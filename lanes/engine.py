@@ -130,7 +130,9 @@ class Engine:
         self.recurrent = (
             None
             if runner.kv.states is None
-            else RecurrentStates(runner.kv.states, cfg.state_snapshot_bytes, bs)
+            else RecurrentStates(
+                runner.kv.states, cfg.state_snapshot_bytes, bs, runner.decoder.settle_states
+            )
         )
         self.pool = BlockPool(runner.num_blocks)
         self.cache = PromptCache(

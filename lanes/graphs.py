@@ -10,6 +10,11 @@ Static attention layout (kernels.attention.AttentionMeta), lane i of a bucket:
 
     rows   [i*T, (i+1)*T)          one query tile per lane
     slots  kv_slots[i*C : i*C + ctx_len[i]]     C = the longest context a lane can have
+
+Hybrid models: lane i's recurrent state is slot state_slots[i] of the state pool (padding lanes:
+its scratch slot), read and written in place by one delta-rule launch per layer (batch.LaneStates).
+Decode buckets (T = 1) advance the slots; verify buckets (T > 1) leave them and keep their rows'
+inputs for the host's settle, which runs the accepted rows again once acceptance is known.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
-from lanes.batch import ForwardBatch, fill_pending
+from lanes.batch import ForwardBatch, LaneStates, fill_pending
 from lanes.block_tables import BlockTables
+from lanes.cache.state_pool import StatePool
 from lanes.kernels.attention import AttentionMeta, block_q_for
 from lanes.lane_rows import LaneRows
 from lanes.models.decoder import Decoder
@@ -38,6 +44,7 @@ def static_batch(
     kv_slots,
     features=None,
     last_rows_only: bool = False,
+    lane_states: LaneStates | None = None,
 ) -> ForwardBatch:
     """A ForwardBatch over static buffers: lanes of equal row counts, lane i's context slots at
     kv_slots[i * max_ctx:] (the layout above); every row yields logits, or only each lane's
@@ -72,6 +79,7 @@ def static_batch(
         ),
         attn_meta={group: meta},
         features=features,
+        lane_states=lane_states,
     )
 
 
@@ -93,7 +101,15 @@ def valid_slots(row: tuple[list[int], int] | None, blocks: list[int], block_size
 
 class _Graph:
     def __init__(
-        self, lanes: int, tokens: int, max_ctx: int, group: int, device, fuse=None
+        self,
+        lanes: int,
+        tokens: int,
+        max_ctx: int,
+        group: int,
+        device,
+        fuse=None,
+        states: StatePool | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         n = lanes * tokens
         i64 = dict(dtype=torch.int64, device=device)
@@ -109,6 +125,7 @@ class _Graph:
         self.features = (
             None if fuse is None else fuse.new_zeros((n, fuse.shape[1] // 2), device=device)
         )
+        self.lane_states = None if states is None else _lane_states(states, lanes, tokens, dtype)
         self.batch = static_batch(
             group,
             self.input_ids,
@@ -118,8 +135,10 @@ class _Graph:
             self.ctx_len,
             self.kv_slots,
             self.features,
+            lane_states=self.lane_states,
         )
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.forward = None  # DecodeGraphs(eager=True): the forward each "replay" runs instead
         self.logits: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None  # the decoder's final-norm rows, static
         # What kv_slots holds for each lane row: (the blocks it was written from, positions).
@@ -130,13 +149,38 @@ class _Graph:
         return valid_slots(self.rows[i], blocks, block_size)
 
 
+def _lane_states(states: StatePool, lanes: int, tokens: int, dtype: torch.dtype) -> LaneStates:
+    """A bucket's recurrent-state layout: every lane on the scratch slot until filled; verify
+    buckets (tokens > 1) get static buffers for each linear layer's (mixed, b, a) rows."""
+    device = states.conv.device
+    slots = torch.full((lanes,), states.scratch_slot, dtype=torch.int64, device=device)
+    keep = tokens > 1
+    saved = ()
+    if keep:
+        n, conv_dim, heads = lanes * tokens, states.conv.shape[2], states.recurrent.shape[2]
+        saved = tuple(
+            tuple(torch.zeros((n, w), dtype=dtype, device=device) for w in (conv_dim, heads, heads))
+            for _ in range(states.num_layers)
+        )
+    return LaneStates(slots=slots, rows_per_lane=tokens, keep=keep, saved=saved)
+
+
 class DecodeGraphs:
     max_tokens_per_lane = MAX_TOKENS_PER_LANE
 
     def __init__(
-        self, decoder: Decoder, kv, tables: BlockTables, scratch_slot: int, max_ctx: int
+        self,
+        decoder: Decoder,
+        kv,
+        tables: BlockTables,
+        scratch_slot: int,
+        max_ctx: int,
+        eager: bool = False,
     ) -> None:
+        """With `eager`, each "replay" runs the forward on the same static buffers without a
+        graph (the CPU tests of the bucket layouts)."""
         self.decoder = decoder
+        self.eager = eager
         self.kv = kv
         self.tables = tables  # the runner's: each lane's blocks and slots, by slot
         self.scratch_slot = scratch_slot
@@ -144,7 +188,8 @@ class DecodeGraphs:
         self.group = decoder.cfg.num_heads // decoder.cfg.num_kv_heads
         self.device = decoder.weights.embed.device
         self.fuse = decoder.weights.fuse  # EAGLE-style drafters: rows read features too
-        self.pool = torch.cuda.graph_pool_handle()
+        self.states: StatePool | None = kv.states  # hybrids: each lane's recurrent-state slot
+        self.pool = None if eager else torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.num_replays = 0
         self.last_hidden: torch.Tensor | None = None  # rows of the latest replay (a view)
@@ -159,6 +204,7 @@ class DecodeGraphs:
             and s.num_logits == tokens
             and s.end <= self.max_ctx
             and (s.features is not None) == (self.fuse is not None)
+            and (self.states is None or s.keep_states == (tokens > 1))
             for s in steps
         )
 
@@ -186,8 +232,13 @@ class DecodeGraphs:
             g = self.graphs[(lanes, tokens)] = self._capture(lanes, tokens)
         self._fill(g, steps)
         fill_pending(g.input_ids, range(0, len(steps) * tokens, tokens), steps, previous_tokens)
-        g.graph.replay()
+        if g.graph is None:
+            g.logits, g.hidden = g.forward()
+        else:
+            g.graph.replay()
         self.num_replays += 1
+        if self.states is not None:
+            self._states_after(g, steps)
         self.last_hidden = g.hidden[: len(steps) * tokens]
         return g.logits[: len(steps) * tokens].clone()
 
@@ -196,7 +247,7 @@ class DecodeGraphs:
         blocks changed) since this graph last ran it: a decode step writes one slot per lane,
         not its whole context (64 lanes x 2K context were 5.5 ms of Python per replay)."""
         t, c = g.tokens, g.max_ctx
-        ids, pos, slots, first, ctx = [], [], [], [], []
+        ids, pos, slots, first, ctx, state_slots = [], [], [], [], [], []
         where, what = [], []  # kv_slots entries to set
         for i in range(g.lanes):
             if i < len(steps):
@@ -208,6 +259,9 @@ class DecodeGraphs:
                 slots += table.slots(s.start, s.end)
                 first.append(s.start)
                 ctx.append(s.end)
+                if self.states is not None:
+                    self.states.check_position(s.state_slot, s.start)
+                    state_slots.append(s.state_slot)
                 if valid < s.end:
                     where += range(i * c + valid, i * c + s.end)
                     what += table.slots(valid, s.end)
@@ -218,28 +272,56 @@ class DecodeGraphs:
                 slots += [self.scratch_slot] * t
                 first.append(0)
                 ctx.append(t)
+                if self.states is not None:
+                    state_slots.append(self.states.scratch_slot)
                 where += range(i * c, i * c + t)
                 what += [self.scratch_slot] * t
                 g.rows[i] = None
         # One host-to-device copy of everything, split on the device; never a blocking copy
         # (it would wait for the forward in flight when rounds overlap).
-        n, lanes, w = len(ids), g.lanes, len(where)
-        staged = torch.tensor(ids + pos + slots + first + ctx + where + what, dtype=torch.int64)
+        n, lanes, w, h = len(ids), g.lanes, len(where), len(state_slots)
+        staged = torch.tensor(
+            ids + pos + slots + first + ctx + state_slots + where + what, dtype=torch.int64
+        )
         staged = staged.to(g.input_ids.device, non_blocking=True)
         g.input_ids.copy_(staged[:n])
         g.positions.copy_(staged[n : 2 * n])
         g.slot_mapping.copy_(staged[2 * n : 3 * n])
         g.first_pos.copy_(staged[3 * n : 3 * n + lanes])
         g.ctx_len.copy_(staged[3 * n + lanes : 3 * n + 2 * lanes])
+        if h:
+            g.lane_states.slots.copy_(staged[3 * n + 2 * lanes : 3 * n + 2 * lanes + h])
         if w:
-            kv = staged[3 * n + 2 * lanes :]
+            kv = staged[3 * n + 2 * lanes + h :]
             g.kv_slots.index_copy_(0, kv[:w], kv[w:])
         if g.features is not None:  # padding rows keep whatever they held: their rows are dropped
             rows = len(steps) * t
             g.features[:rows].copy_(torch.cat([s.features for s in steps]), non_blocking=True)
 
+    def _states_after(self, g: _Graph, steps: Sequence[LaneRows]) -> None:
+        """The state pool's host bookkeeping after a replay: decode lanes advanced in place;
+        verify lanes still where they were, their rows' inputs kept for settling (read before
+        this graph's next replay: verify rounds are taken before the next forward)."""
+        t = g.tokens
+        for i, s in enumerate(steps):
+            if not g.lane_states.keep:
+                self.states.advanced(s.state_slot, s.end)
+                continue
+            rows = slice(i * t, (i + 1) * t)
+            for layer, saved in enumerate(g.lane_states.saved):
+                self.states.defer(s.state_slot, layer, s.start, tuple(x[rows] for x in saved))
+
     def _capture(self, lanes: int, tokens: int) -> _Graph:
-        g = _Graph(lanes, tokens, self.max_ctx, self.group, self.device, self.fuse)
+        g = _Graph(
+            lanes,
+            tokens,
+            self.max_ctx,
+            self.group,
+            self.device,
+            self.fuse,
+            self.states,
+            self.decoder.weights.embed.dtype,
+        )
         g.slot_mapping.fill_(self.scratch_slot)
         g.kv_slots.fill_(self.scratch_slot)
         g.ctx_len.fill_(tokens)
@@ -248,7 +330,10 @@ class DecodeGraphs:
         def forward():
             return self.decoder.forward(g.batch, self.kv), self.decoder.last_hidden
 
-        g.graph, (g.logits, g.hidden) = capture(self.pool, forward)
+        if self.eager:
+            g.forward = forward
+        else:
+            g.graph, (g.logits, g.hidden) = capture(self.pool, forward)
         return g
 
 

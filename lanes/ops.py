@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
-from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps
+from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps, ref_gated_delta_lanes
 from lanes.packed import OUT_TILE, PackedWeight
 
 # Rows per BLAS call. MKL takes 1-2 rows down a matrix-vector path and 4 or more down a GEMM
@@ -125,13 +125,22 @@ class Ops:
         return q
 
     def delta_rule(
-        self, mixed, z, b, a, conv, state, w: DeltaRuleWeights, keep: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
+        self, mixed, z, b, a, conv, state, w: DeltaRuleWeights
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """One lane's rows through a DeltaNet layer's conv and gated delta rule (the torch form in
-        kernels/delta_rule.py): (out [T, value_heads, dv], conv, state after the last row, and
-        with `keep` the (conv, state) after every row). Position by position, in a fixed order:
-        batch-invariant."""
-        return delta_rule_steps(mixed, z, b, a, conv, state, w, keep)
+        kernels/delta_rule.py): (out [T, value_heads, dv], or None without z; conv and state
+        after the last row). Position by position, in a fixed order: batch-invariant."""
+        return delta_rule_steps(mixed, z, b, a, conv, state, w)
+
+    def delta_rule_lanes(
+        self, mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance: bool
+    ) -> torch.Tensor:
+        """Lanes of rows_per_lane rows, their states in pool slots (a device tensor): the outputs
+        [lanes * T, value_heads, dv]; with `advance` each slot then holds the state after its
+        lane's last row (kernels/delta_rule.gated_delta_lanes)."""
+        return ref_gated_delta_lanes(
+            mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
+        )
 
     def _partial_rope(self, x, cos, sin, rope_dim: int) -> torch.Tensor:
         if rope_dim == x.shape[-1]:

@@ -14,20 +14,29 @@ only has to agree with `num_computed`:
   snapshot too (the engine keys the output's blocks first), replacing the lane's previous
   output snapshot: a next turn, which repeats prompt and answer, resumes at the answer's last
   boundary (a step that jumps a boundary with accepted drafts takes none there);
-- after a verify step, the state is put back to the last accepted position;
+- after a verify step (which only read the state), the accepted rows are run again to the last
+  accepted position (`settle`, the decoder's: it needs the layers' weights);
 - release: the slot is freed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lanes.cache.state_pool import StatePool
 from lanes.cache.state_snapshots import StateSnapshots
 from lanes.lane import Lane
 
+# (pool, slot, num_computed): the slot advanced over a verify step's accepted rows
+Settle = Callable[[StatePool, int, int], None]
+
 
 class RecurrentStates:
-    def __init__(self, pool: StatePool, snapshot_bytes: int, block_size: int) -> None:
+    def __init__(
+        self, pool: StatePool, snapshot_bytes: int, block_size: int, settle: Settle
+    ) -> None:
         self.pool = pool
+        self._settle = settle
         self.snapshots = StateSnapshots(snapshot_bytes)
         self.block_size = block_size
 
@@ -59,7 +68,7 @@ class RecurrentStates:
             lane.output_snapshot_key = key
 
     def settle(self, lane: Lane) -> None:
-        self.pool.settle(lane.state_slot, lane.num_computed)
+        self._settle(self.pool, lane.state_slot, lane.num_computed)
 
     def release(self, lane: Lane) -> None:
         self.pool.release(lane.state_slot)

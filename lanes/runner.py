@@ -155,7 +155,6 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         and config.device.startswith("cuda")
         and decoder.ops.name == "triton"
         and decoder.comm is None
-        and not mc.is_hybrid  # the recurrence loops over each lane's rows on the host
     ):
         from lanes.graphs import DecodeGraphs
 

@@ -7,7 +7,7 @@ import dataclasses
 from lanes.batch import ForwardBatch
 from lanes.kernels.activation import silu_mul
 from lanes.kernels.attention import make_meta, paged_attention, rows_for
-from lanes.kernels.delta_rule import gated_delta
+from lanes.kernels.delta_rule import gated_delta, gated_delta_lanes
 from lanes.kernels.expert_matmul import expert_matmul, expert_tiles
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.matmul import matmul
@@ -61,10 +61,17 @@ class TritonOps(Ops):
     def rope(self, x, cos, sin):
         return rope(x.contiguous(), cos, sin)
 
-    def delta_rule(self, mixed, z, b, a, conv, state, w, keep):
+    def delta_rule(self, mixed, z, b, a, conv, state, w):
         """One launch for a lane's rows (a program per value head walks them in order) instead
         of a dozen torch calls per row and layer."""
-        return gated_delta(mixed, z, b, a, conv, state, w, keep)
+        return gated_delta(mixed, z, b, a, conv, state, w)
+
+    def delta_rule_lanes(
+        self, mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
+    ):
+        return gated_delta_lanes(
+            mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
+        )
 
     def attention(self, q, k_cache, v_cache, batch):
         group = q.shape[1] // k_cache.shape[1]

@@ -16,6 +16,7 @@ from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.cache.state_pool import StatePool
 from lanes.config import ConfigError, ModelConfig
 from lanes.drafter.replay import ReplayProposer
+from lanes.models.decoder import Decoder
 from tests.conftest import matches_transformers_over_chunks
 from tests.replay_drafts import drafted_equals_replayed
 
@@ -95,7 +96,7 @@ def _replayed(engine, params, acceptance):
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_drafted_equals_undrafted(hybrid, params):
     """Verify forwards run the drafts through the DeltaNet layers; the state is rolled back to
-    the last accepted position (StatePool.settle)."""
+    the last accepted position (Decoder.settle_states)."""
     engine = build_engine(str(hybrid[0]), EngineConfig(num_draft_tokens=4, adaptive_drafts=False))
     plain, drafted = _replayed(engine, params, 0.5)
     assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0  # drafts were rejected
@@ -107,8 +108,8 @@ def test_drafted_equals_undrafted(hybrid, params):
 def test_negative_control_without_rollback(hybrid, monkeypatch):
     """Without putting the state back after rejected drafts, the state check fails the lanes;
     with the check off too, the output changes."""
+    monkeypatch.setattr(Decoder, "settle_states", lambda self, states, slot, num_computed: None)
     engine = build_engine(str(hybrid[0]), EngineConfig(num_draft_tokens=4, adaptive_drafts=False))
-    monkeypatch.setattr(StatePool, "settle", lambda self, slot, num_computed: None)
     _, drafted = _replayed(engine, GREEDY, 0.5)
     assert any(d.finish_reason == "error" for d in drafted)
 
@@ -424,3 +425,54 @@ def test_on_the_triton_ops_the_delta_rule_kernel_keeps_the_equalities(tiny_model
         str(path), EngineConfig(**base, num_draft_tokens=3, adaptive_drafts=False)
     )
     drafted_equals_replayed(drafting, prompts, solo, seeded)
+
+
+def _graphed(engine):
+    """The engine's target forwards for decode and verify rows through DecodeGraphs' static
+    buckets (lanes.graphs), run without capture: the CUDA-graph path's layout, slots named on
+    the device, on the CPU."""
+    from lanes.graphs import DecodeGraphs
+
+    runner, bs = engine.runner, engine.config.block_size
+    positions = runner.num_blocks * bs
+    runner.graphs = DecodeGraphs(
+        runner.decoder,
+        runner.kv,
+        runner.tables,
+        scratch_slot=positions,
+        max_ctx=min(runner.decoder.cfg.max_position_embeddings, positions),
+        eager=True,
+    )
+    return engine
+
+
+def test_graph_buckets_give_the_eager_bits(tiny_models, monkeypatch):
+    """Decode and verify rows of a hybrid through the graph buckets (every lane's state read
+    and written in its pool slot by one launch per layer; verify rows settled afterwards from
+    their saved inputs) give the eager path's tokens and logprobs bitwise: solo, concurrent
+    with padding lanes, drafted with rejections. Negative control: without the host's record
+    of what a replay did to the slots, the lanes fail."""
+    from lanes.graphs import DecodeGraphs
+
+    path, _ = tiny_models["qwen3_5"]
+    base = dict(kernels="triton", device="cpu", dtype="float32", max_tokens_per_round=40)
+    params = dataclasses.replace(SEEDED, max_tokens=10)
+    prompts = [PROMPTS[1], PROMPTS[3], PROMPTS[2]]
+    eager = build_engine(str(path), EngineConfig(**base))
+    want = [eager.generate([p], params)[0] for p in prompts]
+
+    graphed = _graphed(build_engine(str(path), EngineConfig(**base)))
+    batched = graphed.generate(prompts, params)  # 3 lanes in the 4-lane bucket
+    assert graphed.runner.graphs.num_replays > 0
+    for w, b in zip(want, batched, strict=True):
+        assert (b.token_ids, b.logprobs) == (w.token_ids, w.logprobs)
+
+    drafting = _graphed(
+        build_engine(str(path), EngineConfig(**base, num_draft_tokens=3, adaptive_drafts=False))
+    )
+    drafted_equals_replayed(drafting, prompts[:2], want[:2], params)  # verify rounds in step
+    assert {t for _, t in drafting.runner.graphs.graphs} >= {1, 4}  # decode and verify buckets
+
+    monkeypatch.setattr(DecodeGraphs, "_states_after", lambda self, g, steps: None)
+    control = _graphed(build_engine(str(path), EngineConfig(**base)))
+    assert all(c.finish_reason == "error" for c in control.generate(prompts, params))

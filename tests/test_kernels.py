@@ -49,6 +49,7 @@ def test_registry_is_complete():
         "kv_write",
         "paged_attention",
         "gated_delta",
+        "gated_delta_lanes",
         "expert_matmul",
         "greedy_tokens",
         "sample_tokens",
@@ -63,32 +64,65 @@ def test_registry_is_complete():
 def test_gated_delta_rows_do_not_depend_on_the_split():
     """A lane's rows through the delta-rule kernel in one launch, or split as prefill chunks,
     decode and verify split them (the conv window and state carried from launch to launch):
-    every row and the final state bitwise equal; the kept per-row states equal the carried ones."""
+    every row and the final state bitwise equal; and a prefix run without outputs (how a
+    verify step is settled) leaves the state the carried one has there."""
     from lanes.kernels.registry import _delta_cases
 
     gen = torch.Generator().manual_seed(3)
-    mixed, z, b, a, conv, state, w, _ = _delta_cases(torch.float32, DEVICE, gen)[2]  # 9 rows
-    whole, conv_end, state_end, kept = delta_rule.gated_delta(
-        mixed, z, b, a, conv, state, w, keep=True
-    )
+    mixed, z, b, a, conv, state, w = _delta_cases(torch.float32, DEVICE, gen)[2]  # 9 rows
+    whole, conv_end, state_end = delta_rule.gated_delta(mixed, z, b, a, conv, state, w)
     for cuts in ([4, 5], [1, 1, 7], [3, 3, 3]):
         c, s, start, parts = conv, state, 0, []
         for n in cuts:
             rows = slice(start, start + n)
-            out, c, s, _ = delta_rule.gated_delta(
-                mixed[rows], z[rows], b[rows], a[rows], c, s, w, False
-            )
+            out, c, s = delta_rule.gated_delta(mixed[rows], z[rows], b[rows], a[rows], c, s, w)
             parts.append(out)
-            assert torch.equal(s, kept[start + n - 1][1]) and torch.equal(c, kept[start + n - 1][0])
             start += n
+            prefix = slice(0, start)
+            _, pc, ps = delta_rule.gated_delta(
+                mixed[prefix], None, b[prefix], a[prefix], conv, state, w
+            )
+            assert torch.equal(ps, s) and torch.equal(pc, c)
         assert torch.equal(torch.cat(parts), whole), cuts
         assert torch.equal(s, state_end) and torch.equal(c, conv_end)
     # negative control: the state carried but not the conv window, and the later rows change
-    first, _, s, _ = delta_rule.gated_delta(mixed[:4], z[:4], b[:4], a[:4], conv, state, w, False)
-    rest, _, _, _ = delta_rule.gated_delta(
-        mixed[4:], z[4:], b[4:], a[4:], torch.zeros_like(conv), s, w, False
+    first, _, s = delta_rule.gated_delta(mixed[:4], z[:4], b[:4], a[:4], conv, state, w)
+    rest, _, _ = delta_rule.gated_delta(
+        mixed[4:], z[4:], b[4:], a[4:], torch.zeros_like(conv), s, w
     )
     assert torch.equal(first, whole[:4]) and not torch.equal(rest, whole[4:])
+
+
+@pytest.mark.parametrize("advance", [True, False], ids=["decode", "verify"])
+def test_gated_delta_lanes_give_each_lane_its_own_bits(advance):
+    """Lanes whose states sit in pool slots (a CUDA graph's form) get, row for row, the bits
+    the one-lane launch gives each alone; with `advance` each slot then holds that lane's
+    state after its rows, without it the pools are untouched; slots no lane names never are.
+    Negative control: the same rows read through other slots come out different."""
+    from lanes.kernels.registry import _delta_lanes_cases
+
+    gen = torch.Generator().manual_seed(4)
+    case = _delta_lanes_cases(torch.float32, DEVICE, gen)[1]  # 2 lanes of 4 rows, slots 3, 0
+    mixed, z, b, a, conv_pool, state_pool, slots, t, w, _ = case
+    conv_in, state_in = conv_pool.clone(), state_pool.clone()
+    out = delta_rule.gated_delta_lanes(
+        mixed, z, b, a, conv_pool, state_pool, slots, t, w, advance
+    )
+    for lane, slot in enumerate(slots.tolist()):
+        rows = slice(lane * t, (lane + 1) * t)
+        alone, c, s = delta_rule.gated_delta(
+            mixed[rows], z[rows], b[rows], a[rows], conv_in[slot], state_in[slot], w
+        )
+        assert torch.equal(out[rows], alone)
+        want_c, want_s = (c, s) if advance else (conv_in[slot], state_in[slot])
+        assert torch.equal(conv_pool[slot], want_c) and torch.equal(state_pool[slot], want_s)
+    for slot in (1, 2, 4):
+        assert torch.equal(conv_pool[slot], conv_in[slot])
+        assert torch.equal(state_pool[slot], state_in[slot])
+    other = delta_rule.gated_delta_lanes(
+        mixed, z, b, a, conv_in, state_in, slots.flip(0), t, w, False
+    )
+    assert not torch.equal(other, out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

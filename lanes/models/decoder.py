@@ -7,8 +7,9 @@ import torch
 
 from lanes.batch import ForwardBatch
 from lanes.cache.kv_pool import KVPool
+from lanes.cache.state_pool import StatePool
 from lanes.config import ModelConfig
-from lanes.models.deltanet import gated_deltanet
+from lanes.models.deltanet import gated_deltanet, settle_deltanet
 from lanes.models.moe import moe_mlp
 from lanes.models.rope import rope_tables
 from lanes.models.weights import DecoderWeights
@@ -74,6 +75,28 @@ class Decoder:
         self.last_hidden = torch.cat(kept, dim=-1) if kept else x
         logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
         return logits if self.comm is None else self.comm.gather_last(logits)
+
+    def settle_states(self, states: StatePool, slot: int, num_computed: int) -> None:
+        """Hybrids, after a verify step: the lane's slot advanced over the accepted rows, to the
+        state after position num_computed - 1 (cache/state_pool.py)."""
+        entry = states.pending.pop(slot, None)
+        if entry is None:
+            return
+        first, inputs = entry
+        num_rows = num_computed - first
+        if len(inputs) != len(self.state_layer):
+            raise AssertionError(f"state slot {slot}: the verify step deferred {len(inputs)} layers")
+        for i, layer in enumerate(self.weights.layers):
+            j = self.state_layer.get(i)
+            if j is None:
+                continue
+            if not 0 < num_rows <= inputs[j][0].shape[0]:
+                raise AssertionError(
+                    f"state slot {slot}: position {num_computed - 1} is not among the verify rows"
+                )
+            settle_deltanet(
+                self.ops, layer.deltanet, self.cfg, states, slot, j, first, inputs[j], num_rows
+            )
 
     def _attention(self, x, layer, kv: KVPool, pool_layer: int, batch, cos, sin) -> torch.Tensor:
         """Causal attention over the paged KV, o_proj applied: [n, hidden] (a partial sum under
