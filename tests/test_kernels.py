@@ -105,9 +105,7 @@ def test_gated_delta_lanes_give_each_lane_its_own_bits(advance):
     case = _delta_lanes_cases(torch.float32, DEVICE, gen)[1]  # 2 lanes of 4 rows, slots 3, 0
     mixed, z, b, a, conv_pool, state_pool, slots, t, w, _ = case
     conv_in, state_in = conv_pool.clone(), state_pool.clone()
-    out = delta_rule.gated_delta_lanes(
-        mixed, z, b, a, conv_pool, state_pool, slots, t, w, advance
-    )
+    out = delta_rule.gated_delta_lanes(mixed, z, b, a, conv_pool, state_pool, slots, t, w, advance)
     for lane, slot in enumerate(slots.tolist()):
         rows = slice(lane * t, (lane + 1) * t)
         alone, c, s = delta_rule.gated_delta(

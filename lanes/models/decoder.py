@@ -85,7 +85,9 @@ class Decoder:
         first, inputs = entry
         num_rows = num_computed - first
         if len(inputs) != len(self.state_layer):
-            raise AssertionError(f"state slot {slot}: the verify step deferred {len(inputs)} layers")
+            raise AssertionError(
+                f"state slot {slot}: the verify step deferred {len(inputs)} layers"
+            )
         for i, layer in enumerate(self.weights.layers):
             j = self.state_layer.get(i)
             if j is None:
