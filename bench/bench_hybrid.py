@@ -4,6 +4,7 @@ implementation (Qwen3.5, Qwen3.5-MoE, Qwen3-MoE) on the same shape in the same r
 
     python -m bench.bench_hybrid [--shape qwen3.5-2b-like] [--prefill 8192] [--repeats 3]
     python -m bench.bench_hybrid --shape qwen3-30b-a3b-like   (or qwen3.5-35b-a3b-like)
+    python -m bench.bench_hybrid --graphs both     (decode and prefill without, then with CUDA graphs)
 
 Writes bench/results/hybrid-<shape>-<device>.json. transformers runs its own weights (random,
 the same shape): the comparison is of speed, not of outputs.
@@ -115,35 +116,46 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--graphs", choices=("on", "off", "both"), default="on", help="CUDA graphs")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     config = SHAPES[args.shape]
-    engine = build_engine(
-        checkpoint=random_checkpoint(config, args.device),
-        config=EngineConfig(
-            device=args.device,
-            prompt_cache_bytes=0,
-            prefill_chunk=args.prefill,
-            max_tokens_per_round=args.prefill,
-        ),
-    )
-    decode = [
-        decode_tok_s(engine, config.vocab_size, args.new_tokens, i) for i in range(args.repeats + 1)
-    ]
-    prefill = [
-        prefill_s(engine, config.vocab_size, args.prefill, 100 + i) for i in range(args.repeats + 1)
-    ]
+    checkpoint = random_checkpoint(config, args.device)
     report = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "shape": args.shape,
         "batch": 1,
-        "lanes_exact": {
+    }
+    for graphs in ("off", "on") if args.graphs == "both" else (args.graphs,):
+        engine = build_engine(
+            checkpoint=checkpoint,
+            config=EngineConfig(
+                device=args.device,
+                prompt_cache_bytes=0,
+                prefill_chunk=args.prefill,
+                max_tokens_per_round=args.prefill,
+                cuda_graphs=graphs == "on",
+            ),
+        )
+        decode = [
+            decode_tok_s(engine, config.vocab_size, args.new_tokens, i)
+            for i in range(args.repeats + 1)
+        ]
+        prefill = [
+            prefill_s(engine, config.vocab_size, args.prefill, 100 + i)
+            for i in range(args.repeats + 1)
+        ]
+        replays = 0 if engine.runner.graphs is None else engine.runner.graphs.num_replays
+        report["lanes_exact" + ("" if graphs == "on" else "_no_graphs")] = {
             "decode_tok_s": statistics.median(decode[1:]),
             f"prefill_{args.prefill}_s": statistics.median(prefill[1:]),
-        },
-    }
-    del engine
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
+            "graph_replays": replays,
+        }
+        print(json.dumps(report, indent=1), flush=True)
+        del engine
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    del checkpoint
     if not args.skip_hf:
         model = hf_model(config, args.device)
         tok_s, forward_s = hf_speeds(
@@ -156,7 +168,9 @@ def main() -> None:
             "flash_linear_attention": importlib.util.find_spec("fla") is not None,
         }
     print(json.dumps(report, indent=1), flush=True)
-    out = Path(__file__).parent / "results" / f"hybrid-{args.shape}-{args.device}.json"
+    out = Path(
+        args.out or Path(__file__).parent / "results" / f"hybrid-{args.shape}-{args.device}.json"
+    )
     out.write_text(json.dumps(report, indent=2) + "\n")
 
 

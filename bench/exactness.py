@@ -1,5 +1,5 @@
-"""The exactness harness: lanes' three equalities, bitwise on token ids, on a random-weight model
-of a real shape.
+"""The exactness harness: lanes' three equalities, bitwise on token ids and their logprobs, on a
+random-weight model of a real shape.
 
     python bench/exactness.py --shape llama-3.1-8b --device cuda [--requests 32] [--max-prompt 8192]
 
@@ -9,7 +9,9 @@ For each mode (exact, fast) and sampling (greedy, seeded): every request is firs
 - drafted == draft: false: every request with the replay drafter (acceptance 0.5, k <= 4);
 - resumed == fresh: the longest requests cancelled twice mid-prefill, then retried.
 Each run uses its own cache salt, so a prompt-cache hit happens only where it is meant to.
-Counts mismatching requests and writes bench/results/exactness-<shape>-<device>.json.
+Counts mismatching requests (token ids or logprobs differ; until the fifteenth session, token ids
+only: random weights give wide margins, and fast mode's reruns of a MoE shape changed no token)
+and writes bench/results/exactness-<shape>-<device>.json.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ SAMPLINGS = {
 }
 
 
-def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str) -> list[list[int]]:
-    """All prompts, at most `limit` in flight; returns token ids in prompt order."""
-    out: dict[int, list[int]] = {}
+Output = tuple[list[int], list[float]]  # a request's token ids and their logprobs
+
+
+def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str) -> list[Output]:
+    """All prompts, at most `limit` in flight; returns outputs in prompt order."""
+    out: dict[int, Output] = {}
     ids: list[int] = []
     queue = list(enumerate(prompts))
     in_flight = 0
@@ -49,12 +54,12 @@ def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str)
             in_flight += 1
         for c in engine.step():
             failed(c)
-            out[index_of[c.request_id]] = c.token_ids
+            out[index_of[c.request_id]] = (c.token_ids, c.logprobs)
             in_flight -= 1
     return [out[i] for i in range(len(prompts))]
 
 
-def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[list[int], int]:
+def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[Output, int]:
     """Cancel at a third and at two thirds of the prompt, then run to the end; returns the
     output and the tokens the retry found in the prompt cache."""
     for fraction in (1 / 3, 2 / 3):
@@ -73,7 +78,7 @@ def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[list[int], i
             engine.cancel_check = None
     (out,) = engine.generate([prompt], params, cache_salt=salt)
     failed(out)
-    return out.token_ids, out.cached_tokens
+    return (out.token_ids, out.logprobs), out.cached_tokens
 
 
 def failed(completion) -> None:
@@ -83,7 +88,7 @@ def failed(completion) -> None:
         raise RuntimeError(f"request {completion.request_id} failed: {completion.error}")
 
 
-def mismatches(got: list[list[int]], want: list[list[int]]) -> list[int]:
+def mismatches(got: list[Output], want: list[Output]) -> list[int]:
     return [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
 
 
@@ -151,7 +156,7 @@ def main() -> None:
                     engine, prompts, params, limit, f"{mode}-{name}-c{limit}"
                 )
                 checks[f"concurrent{limit}_vs_solo"] = mismatches(got, solo)
-            records = {tuple(p): s for p, s in zip(prompts, solo, strict=True)}
+            records = {tuple(p): s[0] for p, s in zip(prompts, solo, strict=True)}
             engine.proposer = ReplayProposer(records, 0.5, config.vocab_size)
             try:
                 got = run_with_concurrency(engine, prompts, params, 8, f"{mode}-{name}-draft")

@@ -347,14 +347,18 @@ def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_on_the_gpu_concurrent_equals_solo_and_drafted_equals_undrafted(hybrid, params):
-    """The hybrid path on CUDA (Triton linears, attention and delta rule, eager): the same
-    equalities, bitwise."""
+    """The hybrid path on CUDA (Triton linears, attention and delta rule; decode and verify
+    forwards as CUDA graphs): the same equalities, bitwise, and the eager path's bits."""
     cfg = EngineConfig(device="cuda", num_draft_tokens=4, adaptive_drafts=False)
     engine = build_engine(str(hybrid[0]), cfg)
     solo, batched = _solo_and_batched(engine, params)
+    assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
     assert all(len(c.token_ids) == params.max_tokens for c in solo + batched)  # none failed
     for s, b in zip(solo, batched, strict=True):
         assert (b.token_ids, b.logprobs) == (s.token_ids, s.logprobs)
+    eager = build_engine(str(hybrid[0]), cfg.replace(cuda_graphs=False))
+    for s, e in zip(solo, _solo_and_batched(eager, params)[1], strict=True):
+        assert (e.token_ids, e.logprobs) == (s.token_ids, s.logprobs)
     plain, drafted = _replayed(engine, params, 0.5)
     assert sum(d.num_drafted - d.num_accepted for d in drafted) > 0
     for d, p in zip(drafted, plain, strict=True):
@@ -455,7 +459,9 @@ def test_graph_buckets_give_the_eager_bits(tiny_models, monkeypatch):
     from lanes.graphs import DecodeGraphs
 
     path, _ = tiny_models["qwen3_5"]
-    base = dict(kernels="triton", device="cpu", dtype="float32", max_tokens_per_round=40)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = dict(kernels="triton", device=device, dtype="float32", max_tokens_per_round=40)
+    base.update(cuda_graphs=False)  # the reference runs eagerly; _graphed adds the buckets
     params = dataclasses.replace(SEEDED, max_tokens=10)
     prompts = [PROMPTS[1], PROMPTS[3], PROMPTS[2]]
     eager = build_engine(str(path), EngineConfig(**base))
