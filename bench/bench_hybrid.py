@@ -132,6 +132,7 @@ def main() -> None:
             config=EngineConfig(
                 device=args.device,
                 prompt_cache_bytes=0,
+                kv_cache_bytes=8 * 2**30,  # the 35B-A3B shape's 16 state slots take 1.1 GB
                 prefill_chunk=args.prefill,
                 max_tokens_per_round=args.prefill,
                 cuda_graphs=graphs == "on",

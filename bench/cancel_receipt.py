@@ -121,10 +121,15 @@ def main() -> None:
         f"prompt {len(prompt)} tokens, cancel after {args.after}s, block {engine.config.block_size}"
     )
     for r in rows:
+        fired = (
+            "it never fired: the request ended first"
+            if r["cancel_to_end_s"] is None
+            else f"{r['computed_at_cancel']} computed when it fired, ended "
+            f"{r['cancel_to_end_s']:.3f} s later"
+        )
         print(
             f"  after cancellation {r['cancellation']}: {r['kept_tokens']} tokens kept "
-            f"({r['finish']}; {r['computed_at_cancel']} computed when it fired, ended "
-            f"{r['cancel_to_end_s']:.3f} s later)"
+            f"({r['finish']}; {fired})"
         )
     print(
         f"  retry: cached_tokens {retry.cached_tokens}, TTFT {retry_ttft:.3f}s vs fresh {fresh_ttft:.3f}s"
