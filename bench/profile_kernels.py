@@ -1,9 +1,9 @@
 """Where the device time goes, kernel by kernel: torch.profiler over one long prompt's prefill
 and over steady batch-1 decode steps, the CUDA kernels' time summed by kernel name. Exact mode,
-CUDA graphs, random bf16 weights of real shapes.
+CUDA graphs, random bf16 weights of real shapes (a prefill for each shape but SmolLM2's).
 
-    python -m bench.profile_kernels [--prefill 8192] [--steps 30] [--bits 4] [--lanes 1 64]
-        [--out FILE]
+    python -m bench.profile_kernels [--shapes llama-3.1-8b qwen3.5-2b-like] [--prefill 8192]
+        [--steps 30] [--bits 4] [--lanes 1 64] [--out FILE]
 
 --bits: the projections and LM head held as MLX affine codes of that width (group 64), served
 packed (issue 19: where a packed decode step's time goes).
@@ -23,13 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.profile_busy import settle
-from bench.shapes import (
-    LLAMA_31_8B,
-    SMOLLM2_135M,
-    random_checkpoint,
-    random_packed_checkpoint,
-    synthetic_prompt,
-)
+from bench.shapes import SHAPES, random_checkpoint, random_packed_checkpoint, synthetic_prompt
 from lanes import EngineConfig, SamplingParams, build_engine
 
 
@@ -71,7 +65,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3.1-8b"])
+    ap.add_argument(
+        "--shapes", nargs="+", default=["smollm2-135m", "llama-3.1-8b"], choices=sorted(SHAPES)
+    )
     ap.add_argument("--bits", type=int, default=0, help="packed affine codes of this width")
     ap.add_argument(
         "--lanes", type=int, nargs="+", default=[1], help="decode batches (> 1: 700-token contexts)"
@@ -87,9 +83,8 @@ def main() -> None:
         max_tokens_per_round=32768,
         max_lanes=max(64, *args.lanes),
     )
-    for name, shape in (("smollm2-135m", SMOLLM2_135M), ("llama-3.1-8b", LLAMA_31_8B)):
-        if name not in args.shapes:
-            continue
+    for name in args.shapes:
+        shape = SHAPES[name]
         ckpt = (
             random_packed_checkpoint(shape, "cuda", bits=args.bits)
             if args.bits
@@ -100,7 +95,7 @@ def main() -> None:
             report[f"{name} decode batch {lanes}"] = decode_profile(
                 engine, shape.vocab_size, args.steps, lanes, 128 if lanes == 1 else 700
             )
-        if name == "llama-3.1-8b" and args.prefill:
+        if name != "smollm2-135m" and args.prefill:
             report[f"{name} prefill {args.prefill}"] = prefill_profile(
                 engine, shape.vocab_size, args.prefill
             )
