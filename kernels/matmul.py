@@ -227,10 +227,7 @@ def _dequantized_tile(
         shift = tl.broadcast_to(shift[:, :, None], (BLOCK_N, GROUPS, GROUP))
         scale = tl.reshape(scale, (BLOCK_N, BLOCK_K))
         shift = tl.reshape(shift, (BLOCK_N, BLOCK_K))
-    # the code as fp32 without an int -> float conversion (a quarter-rate instruction on the
-    # H200): its bits under 2**23's exponent are 2**23 + code, and the subtraction is exact
-    value = (code | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return value * scale + shift
+    return code.to(tl.float32) * scale + shift
 
 
 @triton.jit
