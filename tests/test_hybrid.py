@@ -482,3 +482,28 @@ def test_graph_buckets_give_the_eager_bits(tiny_models, monkeypatch):
     monkeypatch.setattr(DecodeGraphs, "_states_after", lambda self, g, steps: None)
     control = _graphed(build_engine(str(path), EngineConfig(**base)))
     assert all(c.finish_reason == "error" for c in control.generate(prompts, params))
+
+
+def test_state_pool_checks_a_graphed_step_in_place():
+    """A graph reads the slot in place, so the pool checks it before the replay: at position 0
+    the slot is cleared (a released slot keeps its last lane's values); a layer a failed eager
+    forward moved on is put back from its backup; a slot anywhere else fails the step."""
+    pool = StatePool(2, 2, (3, 2), (2, 2, 2), "cpu")
+    slot = pool.allocate()
+    pool.conv[slot].fill_(7.0)
+    pool.check_position(slot, 0)
+    assert not pool.conv[slot].any() and not pool.recurrent[slot].any()
+
+    for layer in (0, 1):
+        pool.write(slot, layer, 4, torch.ones(3, 2), torch.ones(2, 2, 2))
+    conv, state = pool.read(slot, 0, 4)  # an eager forward from 4: layer 0 written, then it fails
+    pool.write(slot, 0, 9, conv * 5, state * 5)
+    pool.check_position(slot, 4)  # a graph reruns the step
+    assert pool.positions[slot] == [4, 4]
+    assert torch.equal(pool.conv[slot, 0], torch.ones(3, 2))
+    pool.advanced(slot, 5)  # the replay moved every layer on
+    assert pool.positions[slot] == [5, 5]
+    with pytest.raises(AssertionError, match="holds positions"):
+        pool.check_position(slot, 4)  # no backup of the state before a replay
+    assert pool.num_slots == 2 and pool.scratch_slot == 2  # the scratch slot is no lane's
+    pool.check_integrity([slot])
