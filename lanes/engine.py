@@ -457,6 +457,8 @@ class Engine:
             return ()
         if any(self._num_drafts(s.lane) for _, s in live):  # a drafter needs the newest token
             return ()
+        if self._snapshot_due([s for _, s in live]):
+            return ()
         steps = [
             Step(s.lane, s.end, s.end + 1, num_logits=1, pending_row=i)
             for i, s in live
@@ -469,6 +471,12 @@ class Engine:
             if n:
                 s.lane.block_table.append(self.cache.allocate(n))
         return tuple(steps)
+
+    def _snapshot_due(self, steps: list[Step]) -> bool:
+        """Hybrids: a step ends on a block boundary, where its lane's state is kept as a snapshot
+        when its tokens are taken; a round launched on top first would move the state on."""
+        bs = self.config.block_size
+        return self.recurrent is not None and any(s.end % bs == 0 for s in steps)
 
     def _take_inflight(self, last: InFlight) -> list[Completion]:
         """Append the tokens of a launched round to its lanes (skipping lanes that ended since)."""

@@ -179,15 +179,18 @@ def test_a_shared_prefix_resumes_where_a_snapshot_is(hybrid):
     assert (resumed.token_ids, resumed.logprobs) == (fresh.token_ids, fresh.logprobs)
 
 
-def test_a_next_turn_resumes_inside_the_previous_answer(hybrid):
+@pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlapped"])
+def test_a_next_turn_resumes_inside_the_previous_answer(hybrid, overlap):
     """A follow-up prompt (the first prompt, its answer, a new message) resumes at the answer's
     last block boundary, where the lane kept an output snapshot — only the latest one per lane
-    — and its output equals a fresh engine's, bitwise."""
-    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32)
+    — and its output equals a fresh engine's, bitwise. With overlapped rounds too, where the
+    next round is launched before the last one's tokens are taken (and its snapshot copied)."""
+    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32, overlap=overlap)
     engine = build_engine(str(hybrid[0]), cfg)
     first = engine.tokenizer.encode(PROMPTS[1])
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     (answer,) = engine.generate([first], params)
+    assert (engine.metrics.num_overlapped_rounds > 10) == overlap  # the mechanism ran
     # 13 prompt tokens (no aligned chunk end), 40 answered: of the output's boundaries 16, 32
     # and 48 only the latest is kept
     assert len(first) == 13 and len(engine.recurrent.snapshots) == 1
@@ -198,6 +201,23 @@ def test_a_next_turn_resumes_inside_the_previous_answer(hybrid):
     (fresh,) = build_engine(str(hybrid[0]), cfg).generate([turn], GREEDY)
     assert (resumed.token_ids, resumed.logprobs) == (fresh.token_ids, fresh.logprobs)
     engine.check_integrity()
+
+
+def test_negative_control_overlapped_rounds_past_a_snapshot(hybrid, monkeypatch):
+    """With a round launched on top of one that ends on a block boundary, the snapshot copied
+    when that one's tokens are taken holds a later state: the next turn differs from fresh."""
+    from lanes.engine import Engine
+
+    monkeypatch.setattr(Engine, "_snapshot_due", lambda self, steps: False)
+    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32, overlap=True)
+    engine = build_engine(str(hybrid[0]), cfg)
+    first = engine.tokenizer.encode(PROMPTS[1])
+    (answer,) = engine.generate([first], SamplingParams(max_tokens=40, ignore_eos=True))
+    turn = first + answer.token_ids + engine.tokenizer.encode(PROMPTS[3])
+    (resumed,) = engine.generate([turn], GREEDY)
+    assert resumed.cached_tokens > len(first)
+    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([turn], GREEDY)
+    assert resumed.token_ids != fresh.token_ids
 
 
 def test_negative_control_an_output_snapshot_keyed_one_block_early(hybrid, monkeypatch):
