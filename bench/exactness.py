@@ -7,7 +7,9 @@ For each mode (exact, fast) and sampling (greedy, seeded): every request is firs
 (the reference), then
 - concurrent == solo: the same requests with at most 8, then 32, in flight;
 - drafted == draft: false: every request with the replay drafter (acceptance 0.5, k <= 4);
-- resumed == fresh: the longest requests cancelled twice mid-prefill, then retried.
+- resumed == fresh: the longest requests cancelled twice mid-prefill, then retried;
+- next turn == fresh: the 4 longest requests' answers extended into a follow-up prompt, run where
+  the first turn's blocks (and a hybrid's output snapshot) are cached, and under another salt.
 Each run uses its own cache salt, so a prompt-cache hit happens only where it is meant to.
 Counts mismatching requests (token ids or logprobs differ; until the fifteenth session, token ids
 only: random weights give wide margins, and fast mode's reruns of a MoE shape changed no token)
@@ -79,6 +81,24 @@ def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[Output, int]
     (out,) = engine.generate([prompt], params, cache_salt=salt)
     failed(out)
     return (out.token_ids, out.logprobs), out.cached_tokens
+
+
+def run_next_turn(engine: Engine, prompt, params, salt: str) -> tuple[Output, Output, int]:
+    """A follow-up turn (the prompt, its answer, the prompt's first 8 tokens again) run where the
+    first turn's blocks (and a hybrid's output snapshot) are cached, and fresh under another
+    salt; returns (resumed, fresh, the tokens the resumed run found cached)."""
+    (first,) = engine.generate([prompt], params, cache_salt=salt)
+    failed(first)
+    turn = list(prompt) + first.token_ids + list(prompt[:8])
+    (resumed,) = engine.generate([turn], params, cache_salt=salt)
+    (fresh,) = engine.generate([turn], params, cache_salt=salt + "-fresh")
+    failed(resumed)
+    failed(fresh)
+    return (
+        (resumed.token_ids, resumed.logprobs),
+        (fresh.token_ids, fresh.logprobs),
+        resumed.cached_tokens,
+    )
 
 
 def failed(completion) -> None:
@@ -169,11 +189,22 @@ def main() -> None:
             ]
             bad = mismatches([r[0] for r in resumed], [solo[i] for i in longest])
             checks["resumed_vs_fresh"] = [longest[i] for i in bad]
+            turns = [
+                run_next_turn(engine, prompts[i], params, f"{mode}-{name}-turn")
+                for i in longest[:4]
+            ]
+            checks["next_turn_vs_fresh"] = [
+                longest[i] for i, (r, f, _) in enumerate(turns) if r != f
+            ]
             engine.check_integrity()
             results[name] = {
                 "mismatching_requests": {k: len(v) for k, v in checks.items()},
                 "which": checks,
-                "checked": {k: (8 if k == "resumed_vs_fresh" else len(prompts)) for k in checks},
+                "checked": {
+                    k: {"resumed_vs_fresh": 8, "next_turn_vs_fresh": 4}.get(k, len(prompts))
+                    for k in checks
+                },
+                "next_turn_cached_tokens": [t[2] for t in turns],
                 "resumed_cached_tokens": {
                     len(prompts[i]): r[1] for i, r in zip(longest, resumed, strict=True)
                 },

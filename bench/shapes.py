@@ -158,6 +158,14 @@ TINY_MOE = dataclasses.replace(
     TINY, family="qwen3_moe", qk_norm=True, num_experts=8, experts_per_token=2,
     moe_intermediate_size=64, norm_topk_prob=True, moe_layers=(0, 1),
 )  # fmt: skip
+# the hybrid layout at a tiny width: CPU dry runs of the hybrid benches (four DeltaNets of
+# 2 x 32-dim heads, then gated attention)
+TINY_QWEN35 = dataclasses.replace(
+    QWEN35_2B_LIKE, vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4,
+    num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=8, max_position_embeddings=8192,
+    layer_types=("linear_attention",) * 3 + ("full_attention",), linear_num_key_heads=2,
+    linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+)  # fmt: skip
 SHAPES = {
     "llama-3.1-8b": LLAMA_31_8B,
     "llama-3.2-1b": LLAMA_32_1B,
@@ -167,6 +175,7 @@ SHAPES = {
     "qwen3.5-35b-a3b-like": QWEN35_35B_A3B_LIKE,
     "tiny": TINY,
     "tiny-moe": TINY_MOE,
+    "tiny-qwen3.5": TINY_QWEN35,
 }
 
 
