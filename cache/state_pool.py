@@ -18,6 +18,8 @@ forward computed) and writes the state after the last accepted position.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 
@@ -39,7 +41,7 @@ class StatePool:
         self.positions = [[0] * num_layers for _ in range(num_slots)]
         self.before: dict[tuple[int, int], tuple[int, torch.Tensor, torch.Tensor]] = {}
         # slot -> (first position of its verify step, per layer: the rows' (mixed, b, a))
-        self.pending: dict[int, tuple[int, dict[int, tuple[torch.Tensor, ...]]]] = {}
+        self.pending: dict[int, tuple[int, Mapping[int, tuple[torch.Tensor, ...]]]] = {}
 
     @staticmethod
     def bytes_per_slot(
@@ -118,6 +120,11 @@ class StatePool:
         if start != position:
             layers = {}
         layers[layer] = inputs
+        self.pending[slot] = (position, layers)
+
+    def defer_all(self, slot: int, position: int, layers) -> None:
+        """As defer, for every layer at once: `layers[j]` gives layer j's (mixed, b, a) rows
+        (a CUDA graph's saved buffers, sliced only when settled)."""
         self.pending[slot] = (position, layers)
 
     def check_position(self, slot: int, position: int) -> None:

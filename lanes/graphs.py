@@ -19,7 +19,7 @@ inputs for the host's settle, which runs the accepted rows again once acceptance
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -165,6 +165,23 @@ def _lane_states(states: StatePool, lanes: int, tokens: int, dtype: torch.dtype)
     return LaneStates(slots=slots, rows_per_lane=tokens, keep=keep, saved=saved)
 
 
+class _SavedRows(Mapping):
+    """One lane's rows of a verify bucket's saved inputs, per linear layer, sliced on access
+    (64 lanes x 18 layers of slices per replay would be milliseconds of host time)."""
+
+    def __init__(self, saved, start: int, rows: int) -> None:
+        self.saved, self.rows = saved, slice(start, start + rows)
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, ...]:
+        return tuple(x[self.rows] for x in self.saved[layer])
+
+    def __iter__(self):
+        return iter(range(len(self.saved)))
+
+    def __len__(self) -> int:
+        return len(self.saved)
+
+
 class DecodeGraphs:
     max_tokens_per_lane = MAX_TOKENS_PER_LANE
 
@@ -302,14 +319,12 @@ class DecodeGraphs:
         """The state pool's host bookkeeping after a replay: decode lanes advanced in place;
         verify lanes still where they were, their rows' inputs kept for settling (read before
         this graph's next replay: verify rounds are taken before the next forward)."""
-        t = g.tokens
+        t, saved = g.tokens, g.lane_states.saved
         for i, s in enumerate(steps):
-            if not g.lane_states.keep:
+            if g.lane_states.keep:
+                self.states.defer_all(s.state_slot, s.start, _SavedRows(saved, i * t, t))
+            else:
                 self.states.advanced(s.state_slot, s.end)
-                continue
-            rows = slice(i * t, (i + 1) * t)
-            for layer, saved in enumerate(g.lane_states.saved):
-                self.states.defer(s.state_slot, layer, s.start, tuple(x[rows] for x in saved))
 
     def _capture(self, lanes: int, tokens: int) -> _Graph:
         g = _Graph(

@@ -92,12 +92,13 @@ class Decoder:
             j = self.state_layer.get(i)
             if j is None:
                 continue
-            if not 0 < num_rows <= inputs[j][0].shape[0]:
+            rows = inputs[j]  # (mixed, b, a) of the verify rows
+            if not 0 < num_rows <= rows[0].shape[0]:
                 raise AssertionError(
                     f"state slot {slot}: position {num_computed - 1} is not among the verify rows"
                 )
             settle_deltanet(
-                self.ops, layer.deltanet, self.cfg, states, slot, j, first, inputs[j], num_rows
+                self.ops, layer.deltanet, self.cfg, states, slot, j, first, rows, num_rows
             )
 
     def _attention(self, x, layer, kv: KVPool, pool_layer: int, batch, cos, sin) -> torch.Tensor:
