@@ -40,6 +40,10 @@ SAMPLINGS = {
 Output = tuple[list[int], list[float]]  # a request's token ids and their logprobs
 
 
+def output(c) -> Output:
+    return c.token_ids, c.logprobs
+
+
 def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str) -> list[Output]:
     """All prompts, at most `limit` in flight; returns outputs in prompt order."""
     out: dict[int, Output] = {}
@@ -56,7 +60,7 @@ def run_with_concurrency(engine: Engine, prompts, params, limit: int, salt: str)
             in_flight += 1
         for c in engine.step():
             failed(c)
-            out[index_of[c.request_id]] = (c.token_ids, c.logprobs)
+            out[index_of[c.request_id]] = output(c)
             in_flight -= 1
     return [out[i] for i in range(len(prompts))]
 
@@ -80,7 +84,7 @@ def run_resumed(engine: Engine, prompt, params, salt: str) -> tuple[Output, int]
             engine.cancel_check = None
     (out,) = engine.generate([prompt], params, cache_salt=salt)
     failed(out)
-    return (out.token_ids, out.logprobs), out.cached_tokens
+    return output(out), out.cached_tokens
 
 
 def run_next_turn(engine: Engine, prompt, params, salt: str) -> tuple[Output, Output, int]:
@@ -94,11 +98,7 @@ def run_next_turn(engine: Engine, prompt, params, salt: str) -> tuple[Output, Ou
     (fresh,) = engine.generate([turn], params, cache_salt=salt + "-fresh")
     failed(resumed)
     failed(fresh)
-    return (
-        (resumed.token_ids, resumed.logprobs),
-        (fresh.token_ids, fresh.logprobs),
-        resumed.cached_tokens,
-    )
+    return output(resumed), output(fresh), resumed.cached_tokens
 
 
 def failed(completion) -> None:

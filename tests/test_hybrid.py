@@ -203,20 +203,27 @@ def test_a_next_turn_resumes_inside_the_previous_answer(hybrid, overlap):
     engine.check_integrity()
 
 
+def _next_turn_resumed_and_fresh(model_dir, overlap: bool):
+    """The next-turn scenario of the test above, for its negative controls: (the follow-up
+    resumed inside the first answer, the follow-up on a fresh engine)."""
+    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32, overlap=overlap)
+    engine = build_engine(str(model_dir), cfg)
+    first = engine.tokenizer.encode(PROMPTS[1])
+    (answer,) = engine.generate([first], SamplingParams(max_tokens=40, ignore_eos=True))
+    turn = first + answer.token_ids + engine.tokenizer.encode(PROMPTS[3])
+    (resumed,) = engine.generate([turn], GREEDY)
+    assert resumed.cached_tokens > len(first)
+    (fresh,) = build_engine(str(model_dir), cfg).generate([turn], GREEDY)
+    return resumed, fresh
+
+
 def test_negative_control_overlapped_rounds_past_a_snapshot(hybrid, monkeypatch):
     """With a round launched on top of one that ends on a block boundary, the snapshot copied
     when that one's tokens are taken holds a later state: the next turn differs from fresh."""
     from lanes.engine import Engine
 
     monkeypatch.setattr(Engine, "_snapshot_due", lambda self, steps: False)
-    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32, overlap=True)
-    engine = build_engine(str(hybrid[0]), cfg)
-    first = engine.tokenizer.encode(PROMPTS[1])
-    (answer,) = engine.generate([first], SamplingParams(max_tokens=40, ignore_eos=True))
-    turn = first + answer.token_ids + engine.tokenizer.encode(PROMPTS[3])
-    (resumed,) = engine.generate([turn], GREEDY)
-    assert resumed.cached_tokens > len(first)
-    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([turn], GREEDY)
+    resumed, fresh = _next_turn_resumed_and_fresh(hybrid[0], overlap=True)
     assert resumed.token_ids != fresh.token_ids
 
 
@@ -238,14 +245,7 @@ def test_negative_control_an_output_snapshot_keyed_one_block_early(hybrid, monke
         original(self, lane, position)
 
     monkeypatch.setattr(RecurrentStates, "after_prefill", keyed_early)
-    cfg = EngineConfig(prefill_chunk=32, max_tokens_per_round=32)
-    engine = build_engine(str(hybrid[0]), cfg)
-    first = engine.tokenizer.encode(PROMPTS[1])
-    (answer,) = engine.generate([first], SamplingParams(max_tokens=40, ignore_eos=True))
-    turn = first + answer.token_ids + engine.tokenizer.encode(PROMPTS[3])
-    (resumed,) = engine.generate([turn], GREEDY)
-    assert resumed.cached_tokens > len(first)
-    (fresh,) = build_engine(str(hybrid[0]), cfg).generate([turn], GREEDY)
+    resumed, fresh = _next_turn_resumed_and_fresh(hybrid[0], overlap=False)
     assert resumed.logprobs != fresh.logprobs
 
 
