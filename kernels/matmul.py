@@ -31,89 +31,38 @@ except ImportError:  # pragma: no cover - older Triton: prefill keeps the pointe
     TensorDescriptor = None
 
 from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, tickets, wait_for_inputs
+from lanes.kernels.packed_matmul import packed_matmul, packed_plan
+from lanes.kernels.split_plan import (
+    BLOCK_K,
+    SMALL_M,
+    Plan,
+    plan_for,
+    store_tile,
+    target_programs,
+    wide_steps,
+)
 from lanes.packed import PackedWeight
 
-BLOCK_K = 64
-WIDE_BLOCK_K = 128  # decode's K step where a segment and the launch allow (plan_for)
-_SMALL_M = 64  # up to this many rows: parallel segments
-_MAX_SPLIT = 16
-# a segment shorter than this costs more in partials and arrival counting than its parallelism
-# buys (H200, bench_matmul: SmolLM2's K = 576 weights run fastest unsplit)
-_MIN_SEGMENT_BLOCKS = 4
-_INTERPRETER_PROGRAMS = 4  # the CPU interpreter runs programs one by one: keep them few
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a weight of shape [n, k] is tiled on one device: never a function of M."""
-
-    block_n: int  # output columns per program
-    split: int  # segments of the K reduction (divides k / BLOCK_K)
-    decode_block_k: int = BLOCK_K  # K per step at <= 64 rows
-
-
-@functools.cache
-def target_programs(device: torch.device) -> int:
-    """Programs a decode GEMV should spread over: two per SM (264 on an H200)."""
-    if interpreting() or device.type != "cuda":
-        return _INTERPRETER_PROGRAMS
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def wide_steps(dtype: torch.dtype, device: torch.device, packed: bool = False) -> bool:
-    """Whether this weight's decode programs may walk K 128 wide: tensor-core tiles only (fp32
-    products and the interpreter's row-stable dot are loops whose order follows the tile's K,
-    and packed codes are unpacked per tile), on a GPU whose shared memory holds the stages."""
-    return not packed and dtype != torch.float32 and not interpreting() and _wide_steps_fit(device)
-
-
-@functools.cache
-def plan_for(n: int, k: int, target: int, wide: bool = False) -> Plan:
-    """Enough programs to fill the GPU at decode: 64-column tiles unless the weight is too narrow
-    to reach the target even at the largest split, then 32. The split is a divisor of the K
-    blocks leaving segments of at least _MIN_SEGMENT_BLOCKS (K = 14336's 224 blocks split in 2,
-    4, 7, 8, 14 or 16). With `wide` (see wide_steps): the smallest whose segments a decode
-    program can walk 128 wide and whose programs come within a quarter of the target; where
-    none does, or without `wide`, the smallest that reaches the target (else the largest),
-    walked 64 wide.
-
-    Measured on the H200 with no weight in L2 (results/session14-h200/call1): with 128-wide
-    steps fewer, longer segments stream better (o 12.5 us in 8 segments -> 11.8 in 4, down 32.1
-    in 7 -> 30.8 in 4), with 64-wide steps it goes the other way (13.4 and 36.5 in 4); lm_head
-    252 -> 233 us; and prefill's tiles add fewer segments (down at M = 8,192: 1,404 -> 1,272
-    us). The tensor cores add their 16-wide K chunks into the accumulator in ascending order at
-    either width, so every row keeps its bits (bench.kernel_check's rows of M = 1, 37, 64, 128
-    against M = 4,096 for the 8B and SmolLM2 projections, the sweep's for lm_head)."""
-    blocks = k // BLOCK_K
-    most = max(1, min(blocks // _MIN_SEGMENT_BLOCKS, _MAX_SPLIT))
-    divisors = [d for d in range(1, most + 1) if blocks % d == 0]
-    block_n = 64
-    if triton.cdiv(n, 64) * divisors[-1] < target:
-        block_n = 32
-    tiles = triton.cdiv(n, block_n)
-    if wide:
-        enough = target - target // 4
-        for d in divisors:
-            if (k // d) % WIDE_BLOCK_K == 0 and tiles * d >= enough:
-                return Plan(block_n, d, WIDE_BLOCK_K)
-    split = next((d for d in divisors if tiles * d >= target), divisors[-1])
-    return Plan(block_n, split)
+# the plan's names stay reachable here for the benches that sweep plans
+__all__ = ["BLOCK_K", "Plan", "matmul", "plan_for", "ref_matmul", "split_for", "target_programs",
+           "wide_steps"]  # fmt: skip
 
 
 def split_for(
-    n: int, k: int, device: torch.device, dtype: torch.dtype, packed: bool = False
+    n: int, k: int, device: torch.device, dtype: torch.dtype, bits: int | None = None
 ) -> int:
-    """Segments of the K reduction for a weight of shape [n, k] and this dtype on this device."""
+    """Segments of the K reduction for a weight of shape [n, k] and this dtype on this device
+    (`bits`: of a PackedWeight's codes)."""
     device = torch.device(device)
-    return plan_for(n, k, target_programs(device), wide_steps(dtype, device, packed)).split
+    if bits:
+        return packed_plan(n, k, bits, target_programs(device)).split
+    return plan_for(n, k, target_programs(device), wide_steps(dtype, device)).split
 
 
 @triton.jit
 def _matmul_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K], or PACKED: int32 codes [N, K * BITS / 32]
-    scale_ptr,  # PACKED: [N, K / GROUP] scales, or dummy
-    shift_ptr,  # PACKED: [N, K / GROUP] biases (w = scale * code + bias), or dummy
+    w_ptr,  # [N, K]
     bias_ptr,  # [N] or dummy
     out_ptr,  # [M, N]
     part_ptr,  # [SPLIT, M, N] fp32 partials (PARTIAL) or dummy
@@ -123,7 +72,6 @@ def _matmul_kernel(
     K,
     stride_xm,
     stride_wn,
-    stride_sn,  # PACKED: the scales' (and biases') row stride
     SEG_K,  # K / SPLIT: a runtime value, so a one-block segment is still a loop (a constant
     # one-iteration loop lets Triton fold `total += dot(a, b, 0)` into `dot(a, b, total)`, which
     # rounds differently from the partials' separate sums)
@@ -132,9 +80,6 @@ def _matmul_kernel(
     HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,  # compute in fp32 (fp32 models and the CPU interpreter)
     ROW_STABLE: tl.constexpr,  # the interpreter: see common.fp32_dot
-    PACKED: tl.constexpr,  # affine codes (MLX): dequantized in registers, tile by tile
-    BITS: tl.constexpr,
-    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -162,16 +107,9 @@ def _matmul_kernel(
             a = tl.load(
                 x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0
             )
-            if PACKED:  # as lanes.packed.dequantize: scale * code + bias in fp32, then the dtype
-                b = _dequantized_tile(
-                    w_ptr, scale_ptr, shift_ptr, rn, mask_n, s * SEG_K + kb, stride_wn,
-                    stride_sn, BITS, GROUP, BLOCK_N, BLOCK_K,
-                )  # fmt: skip
-                b = b.to(x_ptr.dtype.element_ty)  # the dequantized weight's own rounding
-            else:
-                b = tl.load(
-                    w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
-                )
+            b = tl.load(
+                w_ptr + rn[:, None] * stride_wn + k[None, :], mask=mask_n[:, None], other=0.0
+            )
             if UPCAST:  # a true fp32 product, no TF32
                 acc = fp32_dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, ROW_STABLE)
             else:
@@ -193,48 +131,9 @@ def _matmul_kernel(
                     part_ptr + s * M * N + out_offs, mask=mask, other=0.0, cache_modifier=".cg"
                 )
             tl.atomic_xchg(ticket_ptr + tile, 0)
-            _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
+            store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
     else:
-        _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
-
-
-@triton.jit
-def _dequantized_tile(
-    w_ptr, scale_ptr, shift_ptr, rn, mask_n, k0, stride_wn, stride_sn, BITS: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """The fp32 weight tile [BLOCK_N, BLOCK_K] at columns k0.. from its codes: each word, scale
-    and bias loaded once and spread in registers. (Indexing the words per column made every word
-    8 loads and every scale 64: on the H200 the 4-bit GEMV ran at 96% of L1's throughput and
-    0.6% of DRAM's, ~30x slower than its bytes.)"""
-    PER_WORD: tl.constexpr = 32 // BITS
-    WORDS: tl.constexpr = BLOCK_K // PER_WORD
-    kw = k0 // PER_WORD + tl.arange(0, WORDS)
-    word = tl.load(w_ptr + rn[:, None] * stride_wn + kw[None, :], mask=mask_n[:, None], other=0)
-    shifts = tl.arange(0, PER_WORD) * BITS  # codes packed least significant first
-    code = (word[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
-    code = tl.reshape(code, (BLOCK_N, BLOCK_K))
-    if GROUP >= BLOCK_K:  # one group spans the tile
-        at = rn * stride_sn + k0 // GROUP
-        scale = tl.load(scale_ptr + at, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-        shift = tl.load(shift_ptr + at, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    else:
-        GROUPS: tl.constexpr = BLOCK_K // GROUP
-        at = rn[:, None] * stride_sn + (k0 // GROUP + tl.arange(0, GROUPS))[None, :]
-        scale = tl.load(scale_ptr + at, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        shift = tl.load(shift_ptr + at, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, GROUP))
-        shift = tl.broadcast_to(shift[:, :, None], (BLOCK_N, GROUPS, GROUP))
-        scale = tl.reshape(scale, (BLOCK_N, BLOCK_K))
-        shift = tl.reshape(shift, (BLOCK_N, BLOCK_K))
-    return code.to(tl.float32) * scale + shift
-
-
-@triton.jit
-def _store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
 
 
 @triton.jit
@@ -278,7 +177,7 @@ def _matmul_tiles_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
     mask = (rm < M)[:, None] & mask_n[None, :]
-    _store_tile(total, bias_ptr, out_ptr, rm[:, None] * N + rn[None, :], rn, mask, mask_n, HAS_BIAS)
+    store_tile(total, bias_ptr, out_ptr, rm[:, None] * N + rn[None, :], rn, mask, mask_n, HAS_BIAS)
 
 
 @dataclass(frozen=True)
@@ -348,8 +247,8 @@ def matmul(
     x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant. w may be a
-    PackedWeight (MLX affine codes, 2/4/8 bits): dequantized tile by tile in registers, the
-    same reduction as a float weight."""
+    PackedWeight (MLX affine codes, 2/4/8 bits): packed_matmul dequantizes it in registers,
+    with the same plan rule and its own reduction order."""
     packed = isinstance(w, PackedWeight)
     if x.dim() != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
@@ -370,11 +269,13 @@ def matmul(
         raise ValueError(f"K ({k}) must be a multiple of {BLOCK_K}")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"bias must be contiguous [{n}]")
+    if packed:
+        return packed_matmul(x, w, bias)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    plan = plan_for(n, k, target_programs(x.device), wide_steps(x.dtype, x.device, packed))
-    partial = plan.split > 1 and m <= _SMALL_M
+    plan = plan_for(n, k, target_programs(x.device), wide_steps(x.dtype, x.device))
+    partial = plan.split > 1 and m <= SMALL_M
     # bf16/fp16: tensor-core tiles of 16 to 256 rows and of 32 to 256 columns give a row the
     # same bits (checked on the H200: bench.kernel_check, bench_prefill_tiles), so 17-64 rows
     # read each weight tile once, in one 64-row tile, and prefill runs large tiles with deeper
@@ -382,14 +283,14 @@ def matmul(
     # follows the tile, so fp32 keeps one tile shape.
     launch = {}
     block_m, block_n = 16 if m <= 16 or x.dtype == torch.float32 else 64, plan.block_n
-    if not partial and m > _SMALL_M and x.dtype != torch.float32 and not interpreting():
+    if not partial and m > SMALL_M and x.dtype != torch.float32 and not interpreting():
         block_m, block_n = 128, 128
         launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
-    block_k = plan.decode_block_k if m <= _SMALL_M else BLOCK_K
+    block_k = plan.decode_block_k if m <= SMALL_M else BLOCK_K
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     # asked on every call, so the first matmul on a device (eager, before any graph) makes them
     counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0, "matmul")
-    tiles = None if partial or m <= _SMALL_M else prefill_tiles_for(x, w)
+    tiles = None if partial or m <= SMALL_M else prefill_tiles_for(x, w)
     if tiles is not None:
         matmul_tiles(x, w, bias, out, plan.split, tiles)
         return out
@@ -401,9 +302,7 @@ def matmul(
         grid = grid_mn
     _matmul_kernel[grid](
         x,
-        w.codes.view(torch.int32) if packed else w,
-        w.scales if packed else out,
-        w.biases if packed else out,
+        w,
         bias if bias is not None else out,
         out,
         parts,
@@ -412,17 +311,13 @@ def matmul(
         n,
         k,
         x.stride(0),
-        (w.codes if packed else w).stride(0),
-        w.scales.stride(0) if packed else 0,
+        w.stride(0),
         SEG_K=k // plan.split,
         SPLIT=plan.split,
         PARTIAL=partial,
         HAS_BIAS=bias is not None,
         UPCAST=interpreting() or x.dtype == torch.float32,
         ROW_STABLE=interpreting(),
-        PACKED=packed,
-        BITS=w.bits if packed else 0,
-        GROUP=w.group if packed else 0,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -430,14 +325,6 @@ def matmul(
         **pdl_launch(x.device),
     )
     return out
-
-
-@functools.cache
-def _wide_steps_fit(device: torch.device) -> bool:
-    """Whether 64 x 64 tiles with 128-wide K steps, three stages deep (96 KB of shared memory),
-    fit a program here: Hopper's 228 KB do (the only GPU they were measured on); the 100 KB of
-    consumer Ampere and Ada would not leave room, so those keep 64-wide steps."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @functools.cache

@@ -171,7 +171,7 @@ def test_packed_matmul_rows_do_not_depend_on_m(dtype):
 
     gen = torch.Generator().manual_seed(3)
     n, k = 64, 512
-    assert matmul.split_for(n, k, DEVICE, dtype, packed=True) > 1
+    assert matmul.split_for(n, k, DEVICE, dtype, bits=4) > 1
     codes = torch.randint(0, 2**32, (n, k // 8), generator=gen, dtype=torch.int64)
     scales = (torch.rand((n, k // 64), generator=gen) * k**-0.5 / 16).to(DEVICE, dtype)
     w = PackedWeight(codes.to(torch.uint32).to(DEVICE), scales, -7.5 * scales, 4, 64)
