@@ -119,8 +119,9 @@ def _packed_matmul_kernel(
             mask_x = mask_m[:, None] & mask_k[None, :]
             for j in tl.static_range(PER_WORD):
                 code = (word >> (j * BITS)) & CODE
-                # as lanes.packed.dequantize: scale * code + bias in fp32, then the dtype
-                w = (code.to(tl.float32) * scale + shift).to(x_ptr.dtype.element_ty)
+                # scale * code + bias in fp32 (one fma: left to ptxas, a multiply and an add
+                # may or may not be fused, per compiled variant), then the dtype
+                w = tl.fma(code.to(tl.float32), scale, shift).to(x_ptr.dtype.element_ty)
                 a = tl.load(x_at + j, mask=mask_x, other=0.0)
                 if UPCAST:  # a true fp32 product, no TF32
                     if WEIGHT_LEFT:
