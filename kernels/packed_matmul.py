@@ -1,27 +1,16 @@
 """Batch-invariant linear over affine codes (MLX 2/4/8-bit): out[M, N] = x[M, K] @ w[N, K].T
-with w = scale * code + bias per group, dequantized in registers.
+with w = scale * code + bias per group, dequantized in registers tile by tile.
 
-The codes are never laid out as a [N, K] tile. Each program loads a tile of whole words,
-[BLOCK_N, WORDS], and takes the j-th code of every word as one [BLOCK_N, WORDS] slice of the
-weight: the columns k0 + j, k0 + PER_WORD + j, k0 + 2 * PER_WORD + j, ... So a step of
-STEP = WORDS * PER_WORD columns is PER_WORD tensor-core products of K = WORDS, each against the
-activation's matching strided columns, added into one fp32 accumulator in ascending j:
+The reduction has the float matmul's shape (kernels/matmul.py): BLOCK_K-wide steps in
+ascending order inside SPLIT segments (from the weight's shape only, never from M), the
+segments added in ascending order by the tile's last-arriving program at decode (split-K) or in
+one program at larger M. Every row of a packed weight has the same bits at any M and in any tile
+shape (checked on the H200). A packed weight and its dequantized float copy agree to rounding,
+not bitwise: the kernel rounds scale * code + bias as one fma.
 
-    words  w0 = [c0 c1 .. c7]  w1 = [c8 .. c15]  ...            (4-bit: PER_WORD = 8)
-    j = 0: columns 0, 8, 16, ...   j = 1: columns 1, 9, 17, ...   ...   j = 7: 7, 15, 23, ...
-
-Every code is a shift and a mask of a word already in the thread's registers: no reshape of a
-[BLOCK_N, WORDS, PER_WORD] tensor into [BLOCK_N, K] and no broadcast of the scales over their
-group, which cost the old tile ~18 instructions per weight and a trip through shared memory on
-the H200. A word's codes share one group (PER_WORD divides the group), so its scale and bias
-are loaded per word.
-
-The reduction's shape is the float matmul's: steps in ascending order inside SPLIT segments
-(from the weight's shape only, never from M), the segments added in ascending order, by the
-tile's last-arriving program at decode (split-K) or in one program at larger M. It is its own
-order, not the float matmul's (columns are visited by j within a step), so a packed weight and
-its dequantized float copy agree to rounding, not bitwise; every row of a packed weight has the
-same bits at any M.
+Each program loads whole words, [BLOCK_N, BLOCK_K / PER_WORD], splits them into codes in
+registers, scales and shifts them while a word's codes still sit together in one thread, and
+only then lays the tile out as [BLOCK_N, BLOCK_K] for the tensor cores.
 """
 
 from __future__ import annotations
@@ -34,28 +23,28 @@ import triton
 import triton.language as tl
 
 from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, tickets, wait_for_inputs
-from lanes.kernels.split_plan import SMALL_M, Plan, plan_for, store_tile, target_programs
+from lanes.kernels.split_plan import (
+    BLOCK_K,
+    SMALL_M,
+    Plan,
+    plan_for,
+    store_tile,
+    target_programs,
+)
 from lanes.packed import PackedWeight
-
-WORDS = 16  # words per row in a step: the tensor cores' K per product (16 for bf16/fp16)
-
-
-def step_for(bits: int) -> int:
-    """Columns per step: WORDS words of 32 // bits codes (128 at 4 bits)."""
-    return WORDS * 32 // bits
 
 
 @functools.cache
 def packed_plan(n: int, k: int, bits: int, target: int) -> Plan:
-    """The float matmul's plan rule over this weight's steps (a last step past K is masked)."""
-    step = step_for(bits)
-    return plan_for(n, triton.cdiv(k, step) * step, target, step=step)
+    """The float matmul's plan rule over BLOCK_K-wide steps (no 128-wide decode steps: a
+    packed tile's registers hold its codes as well)."""
+    return plan_for(n, k, target)
 
 
 @triton.jit
 def _packed_matmul_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # int32 codes [N, K * BITS / 32]
+    w_ptr,  # the codes' bytes [N, K * BITS / 8]
     scale_ptr,  # [N, K / GROUP]
     shift_ptr,  # [N, K / GROUP] biases: w = scale * code + bias
     bias_ptr,  # [N] or dummy
@@ -78,18 +67,16 @@ def _packed_matmul_kernel(
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    WORDS: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # <= GROUP
+    PAIRED: tl.constexpr,  # 4-bit codes to bf16/fp16 by packed arithmetic (_paired_nibbles)
     WEIGHT_LEFT: tl.constexpr,  # the weight as the product's left operand (out.T = w @ x.T)
     PDL: tl.constexpr,
 ):
-    PER_WORD: tl.constexpr = 32 // BITS
-    STEP: tl.constexpr = WORDS * PER_WORD
-    CODE: tl.constexpr = (1 << BITS) - 1
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, WORDS)
+    rk = tl.arange(0, BLOCK_K)
     mask_m = rm < M
     mask_n = rn < N
     if PARTIAL:
@@ -105,37 +92,26 @@ def _packed_matmul_kernel(
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(first, last):
         acc = tl.zeros_like(total)
-        for kb in range(0, SEG_K, STEP):
-            col = s * SEG_K + kb + rw * PER_WORD  # [WORDS]: each word's first column
-            mask_k = col < K
-            mask_w = mask_n[:, None] & mask_k[None, :]
-            word = tl.load(
-                w_ptr + rn[:, None] * stride_wn + (col // PER_WORD)[None, :], mask=mask_w, other=0
+        for kb in range(0, SEG_K, BLOCK_K):
+            k0 = s * SEG_K + kb
+            a = tl.load(
+                x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                mask=mask_m[:, None],
+                other=0.0,
             )
-            at = rn[:, None] * stride_sn + (col // GROUP)[None, :]
-            scale = tl.load(scale_ptr + at, mask=mask_w, other=0.0).to(tl.float32)
-            shift = tl.load(shift_ptr + at, mask=mask_w, other=0.0).to(tl.float32)
-            x_at = x_ptr + rm[:, None] * stride_xm + col[None, :]
-            mask_x = mask_m[:, None] & mask_k[None, :]
-            for j in tl.static_range(PER_WORD):
-                code = (word >> (j * BITS)) & CODE
-                # scale * code + bias in fp32 (one fma: left to ptxas, a multiply and an add
-                # may or may not be fused, per compiled variant), then the dtype
-                w = tl.fma(code.to(tl.float32), scale, shift).to(x_ptr.dtype.element_ty)
-                a = tl.load(x_at + j, mask=mask_x, other=0.0)
-                if UPCAST:  # a true fp32 product, no TF32
-                    if WEIGHT_LEFT:
-                        acc = fp32_dot(
-                            w.to(tl.float32), tl.trans(a.to(tl.float32)), acc, ROW_STABLE
-                        )
-                    else:
-                        acc = fp32_dot(
-                            a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, ROW_STABLE
-                        )
-                elif WEIGHT_LEFT:
-                    acc = tl.dot(w, tl.trans(a), acc)
+            w = _dequantized_tile(
+                w_ptr, scale_ptr, shift_ptr, rn, mask_n, k0, stride_wn, stride_sn, BITS, GROUP,
+                BLOCK_N, BLOCK_K, PAIRED, x_ptr.dtype.element_ty,
+            )  # fmt: skip
+            if UPCAST:  # a true fp32 product, no TF32
+                if WEIGHT_LEFT:
+                    acc = fp32_dot(w.to(tl.float32), tl.trans(a.to(tl.float32)), acc, ROW_STABLE)
                 else:
-                    acc = tl.dot(a, tl.trans(w), acc)
+                    acc = fp32_dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, ROW_STABLE)
+            elif WEIGHT_LEFT:
+                acc = tl.dot(w, tl.trans(a), acc)
+            else:
+                acc = tl.dot(a, tl.trans(w), acc)
         total += acc
     if WEIGHT_LEFT:
         total = tl.trans(total)
@@ -158,15 +134,112 @@ def _packed_matmul_kernel(
         store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
 
 
+@triton.jit
+def _dequantized_tile(
+    w_ptr, scale_ptr, shift_ptr, rn, mask_n, k0, stride_wn, stride_sn, BITS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRED: tl.constexpr,
+    DTYPE: tl.constexpr,
+):  # fmt: skip
+    """The weight tile [BLOCK_N, BLOCK_K] at columns k0.. in DTYPE (BLOCK_K <= GROUP: one scale
+    and bias per row). w_ptr walks the codes as bytes (a row's stride in bytes; little-endian
+    words hold their codes least significant first, so a byte's low bits are the lower column);
+    a byte's codes are interleaved in registers."""
+    at_k = k0 * BITS // 8 + tl.arange(0, BLOCK_K * BITS // 8)
+    raw = tl.load(w_ptr + rn[:, None] * stride_wn + at_k[None, :], mask=mask_n[:, None], other=0)
+    at = rn * stride_sn + k0 // GROUP
+    scale = tl.load(scale_ptr + at, mask=mask_n, other=0.0)[:, None]
+    shift = tl.load(shift_ptr + at, mask=mask_n, other=0.0)[:, None]
+    if PAIRED:
+        low, high = _paired_nibbles(raw, scale, shift)
+        return tl.interleave(low, high)
+    if BITS == 8:
+        code = raw.to(tl.float32)
+    elif BITS == 4:
+        code = tl.interleave((raw & 15).to(tl.float32), (raw >> 4).to(tl.float32))
+    else:  # four 2-bit codes a byte
+        even = tl.interleave((raw & 3).to(tl.float32), ((raw >> 4) & 3).to(tl.float32))
+        odd = tl.interleave(((raw >> 2) & 3).to(tl.float32), (raw >> 6).to(tl.float32))
+        code = tl.interleave(even, odd)
+    # scale * code + bias in fp32 as one fma (a multiply and an add left to ptxas may or may
+    # not be fused, per compiled variant), then the dtype
+    return tl.fma(code, scale.to(tl.float32), shift.to(tl.float32)).to(DTYPE)
+
+
+def _paired_asm(magic: str, neg: str, one: str, fma: str) -> tl.constexpr:
+    """PTX for _paired_nibbles: $4 holds four code bytes, $5-$6 their rows' scales and $7-$8
+    their biases (two to a register); $0-$1 get the low nibbles' weights, $2-$3 the high ones'.
+    prmt 0x5140 puts bytes 0 and 1 under the magic exponent, 0x7362 bytes 2 and 3."""
+    pairs = []
+    for out, (nibbles, sel, scale, bias) in enumerate(
+        [
+            ("lo", "0x5140", 5, 7),
+            ("lo", "0x7362", 6, 8),
+            ("hi", "0x5140", 5, 7),
+            ("hi", "0x7362", 6, 8),
+        ]
+    ):
+        pairs.append(
+            f"prmt.b32 v, {nibbles}, magic, {sel}; {fma} v, v, one, neg; "
+            f"{fma} ${out}, v, ${scale}, ${bias};"
+        )
+    return tl.constexpr(
+        "{ .reg .b32 lo, hi, v, magic, one, neg; "
+        f"mov.b32 magic, {magic}; mov.b32 one, {one}; mov.b32 neg, {neg}; "
+        "and.b32 lo, $4, 0x0F0F0F0F; shr.u32 hi, $4, 4; and.b32 hi, hi, 0x0F0F0F0F; "
+        + " ".join(pairs)
+        + " }"
+    )
+
+
+# the magic number 128.0 (bf16) / 1024.0 (fp16) in each half, its negation and 1.0
+_PAIRED_BF16 = _paired_asm("0x43434343", "0xC300C300", "0x3F803F80", "fma.rn.bf16x2")
+_PAIRED_FP16 = _paired_asm("0x64646464", "0xE400E400", "0x3C003C00", "fma.rn.f16x2")
+_PAIRED_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r,r,r,r,r,r")  # 4 outputs, then $4-$8
+
+
+@triton.jit
+def _paired_nibbles(raw, scale, shift):
+    """4-bit codes to bf16/fp16 two at a time (sm_80+ packed half-precision arithmetic): a
+    nibble OR'd into the mantissa of 128.0 (bf16 0x4300; fp16: 1024.0, 0x6400) is 128 + code
+    exactly; subtracting the magic number leaves the code, and one packed fma gives
+    scale * code + bias rounded once to the dtype. ~2 instructions a weight where the fp32 route
+    (convert, fma, narrow) takes ~4. Returns the low and the high nibbles' weights."""
+    scale = tl.broadcast_to(scale, raw.shape)
+    shift = tl.broadcast_to(shift, raw.shape)
+    dtype = scale.dtype  # the weights': bf16 or fp16
+    if dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            _PAIRED_BF16, _PAIRED_CONSTRAINTS, [raw, scale, shift], (dtype, dtype), True, 4
+        )
+    return tl.inline_asm_elementwise(
+        _PAIRED_FP16, _PAIRED_CONSTRAINTS, [raw, scale, shift], (dtype, dtype), True, 4
+    )
+
+
+def paired(bits: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether 4-bit codes take the packed half-precision route (_paired_nibbles): bf16/fp16
+    on a GPU of compute capability 8.0 or later. Its weights are rounded once, to the dtype,
+    where the fp32 route rounds to fp32 and then to the dtype; either way one route per device
+    and dtype, so a row's bits never depend on M."""
+    return (
+        bits == 4
+        and dtype in (torch.bfloat16, torch.float16)
+        and device.type == "cuda"
+        and not interpreting()
+        and torch.cuda.get_device_capability(device)[0] >= 8
+    )
+
+
 @dataclass(frozen=True)
 class PackedTiles:
     """How _packed_matmul_kernel is launched for some M: tile sizes never change a row's bits
-    (the products' order is fixed by WORDS and the plan)."""
+    (the tensor cores add 16-wide K chunks in ascending order whatever the tile)."""
 
     block_m: int
     block_n: int | None = None  # None: the plan's
     num_warps: int = 4
     weight_left: bool = False
+    block_k: int = BLOCK_K  # a multiple of BLOCK_K dividing the plan's segments
 
 
 DECODE_TILES = PackedTiles(block_m=16)
@@ -203,10 +276,9 @@ def packed_matmul(
     else:
         parts = out
         grid = grid_mn
-    step = step_for(w.bits)
     _packed_matmul_kernel[grid](
         x,
-        w.codes.view(torch.int32),
+        w.codes.view(torch.uint8),
         w.scales,
         w.biases,
         bias if bias is not None else out,
@@ -217,9 +289,9 @@ def packed_matmul(
         n,
         k,
         x.stride(0),
-        w.codes.stride(0),
+        w.codes.stride(0) * 4,  # in bytes
         w.scales.stride(0),
-        SEG_K=triton.cdiv(k, step) * step // plan.split,
+        SEG_K=k // plan.split,
         SPLIT=plan.split,
         PARTIAL=partial,
         HAS_BIAS=bias is not None,
@@ -229,7 +301,8 @@ def packed_matmul(
         GROUP=w.group,
         BLOCK_M=tiles.block_m,
         BLOCK_N=block_n,
-        WORDS=WORDS,
+        BLOCK_K=min(tiles.block_k, w.group),
+        PAIRED=paired(w.bits, x.dtype, x.device),
         WEIGHT_LEFT=tiles.weight_left,
         num_warps=tiles.num_warps,
         **pdl_launch(x.device),
