@@ -260,10 +260,16 @@ def matmul(
         raise ValueError("matmul needs unit stride along K")
     m = x.shape[0]
     n, k = w.shape
-    if packed and (w.bits not in (2, 4, 8) or k % w.group or not w.scales.is_contiguous()):
+    if packed and (
+        w.bits not in (2, 4, 8)
+        or w.group < 16
+        or w.group & (w.group - 1)
+        or k % w.group
+        or not w.scales.is_contiguous()
+    ):
         raise ValueError(
-            f"packed weights: 2, 4 or 8 bits and K a multiple of the group, got {w.bits} bits, "
-            f"group {w.group}, K {k}"
+            "packed weights: 2, 4 or 8 bits, groups of a power of two >= 16 and K a multiple of "
+            f"the group, got {w.bits} bits, group {w.group}, K {k}"
         )
     if k % BLOCK_K:
         raise ValueError(f"K ({k}) must be a multiple of {BLOCK_K}")

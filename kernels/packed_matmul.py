@@ -221,10 +221,13 @@ def paired(bits: int, dtype: torch.dtype, device: torch.device) -> bool:
     on a GPU of compute capability 8.0 or later. Its weights are rounded once, to the dtype,
     where the fp32 route rounds to fp32 and then to the dtype; either way one route per device
     and dtype, so a row's bits never depend on M."""
+    return bits == 4 and dtype in (torch.bfloat16, torch.float16) and _half_pairs(device)
+
+
+@functools.cache
+def _half_pairs(device: torch.device) -> bool:
     return (
-        bits == 4
-        and dtype in (torch.bfloat16, torch.float16)
-        and device.type == "cuda"
+        device.type == "cuda"
         and not interpreting()
         and torch.cuda.get_device_capability(device)[0] >= 8
     )

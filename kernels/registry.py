@@ -340,8 +340,10 @@ REGISTRY: list[KernelSpec] = [
         matmul.ref_matmul,
         (torch.float32, torch.bfloat16, torch.float16),
         True,
-        "a PackedWeight (MLX affine codes, 2/4/8 bits, K a multiple of the group): dequantized "
-        "in registers tile by tile, the float matmul's reduction and plans",
+        "a PackedWeight (MLX affine codes, 2/4/8 bits, K a multiple of the group; "
+        "kernels/packed_matmul.py): codes read as bytes and dequantized in registers tile by "
+        "tile (4-bit bf16/fp16 on a GPU: two at a time by packed arithmetic), the float "
+        "matmul's plan rule and reduction shape",
         _LOW,
         _packed_cases,
     ),
