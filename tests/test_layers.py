@@ -195,3 +195,27 @@ def test_a_checkout_runs_without_installing():
         [sys.executable, "-S", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_the_name_kernels_finds_the_distribution_not_the_checkouts_folder(tmp_path):
+    """Hugging Face's `kernels` (transformers 5.25 requires and imports it) shares its name with
+    the checkout's kernels/ folder, which `python -m pytest` puts first on sys.path. With lanes
+    imported, `import kernels` finds the distribution (a stand-in here, after the root on the
+    path); without lanes' finder the folder answers, as it did when CI's transformers moved to
+    5.25 (the negative control)."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("NAME = 'distribution'\n")
+    path = [str(ROOT), str(site), sysconfig.get_paths()["purelib"]]
+    found = {}
+    for first in ("import lanes", "pass"):
+        code = (
+            f"import sys\nsys.path[:0] = {path!r}\n{first}\nimport kernels\nprint(kernels.__file__)"
+        )
+        run = subprocess.run(
+            [sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        found[first] = Path(run.stdout.strip())
+    assert found["import lanes"] == site / "kernels" / "__init__.py"
+    assert found["pass"] == ROOT / "kernels" / "__init__.py"
