@@ -235,19 +235,26 @@ def _half_pairs(device: torch.device) -> bool:
 
 @dataclass(frozen=True)
 class PackedTiles:
-    """How _packed_matmul_kernel is launched for some M: tile sizes never change a row's bits
-    (the tensor cores add 16-wide K chunks in ascending order whatever the tile)."""
+    """How _packed_matmul_kernel is launched for some M. Its tensor-core products must stay on
+    the warp-level MMA (mma.sync): tiles whose MMA is 64 rows or more with 4+ warps run
+    Hopper's warpgroup MMA, and there a packed row came out in other bits than at M = 1 (H200,
+    results/session16-h200/call3: every 8B weight, with either dequantization route; the float
+    kernel's rows agree across both). Under that rule tile sizes never change a row's bits."""
 
     block_m: int
     block_n: int | None = None  # None: the plan's
     num_warps: int = 4
-    weight_left: bool = False
+    weight_left: bool = False  # the weight as the left operand: its columns are the MMA's rows
     block_k: int = BLOCK_K  # a multiple of BLOCK_K dividing the plan's segments
 
 
+# H200, 8B weights at 4 bits (session16-h200 calls 2-3): decode 16 rows and the plan's columns
+# (qkv 15.3 us, gate_up 47.3, down 30.4, lm_head 174); 17-64 rows in 32-row tiles (qkv +
+# gate_up at M = 37: 263 us; 64 rows in 2 warps 291); prefill 32 weight columns a program against
+# 128 rows, weight on the left, 2 warps (gate_up + down at M = 2,048: 3.8 ms, bf16 1.25)
 DECODE_TILES = PackedTiles(block_m=16)
-FEW_ROWS_TILES = PackedTiles(block_m=64)  # 17 - SMALL_M rows: each weight tile read once
-PREFILL_TILES = PackedTiles(block_m=128, block_n=128, num_warps=8)
+FEW_ROWS_TILES = PackedTiles(block_m=32)
+PREFILL_TILES = PackedTiles(block_m=128, block_n=32, num_warps=2, weight_left=True)
 
 
 def tiles_for(m: int, dtype: torch.dtype) -> PackedTiles:

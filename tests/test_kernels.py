@@ -163,22 +163,42 @@ def test_rope_kv_write_rows_do_not_depend_on_t(dtype):
         assert torch.equal(vc1[slots[one]], vc[slots[one]]), i
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_matmul_rows_do_not_depend_on_m(dtype):
-    """4-bit MLX codes dequantized in the kernel: the split-K path and the one-program path give
-    a row the same bits, as with float weights."""
+def _packed_case(dtype, n: int, k: int, rows: int):
     from lanes.packed import PackedWeight
 
     gen = torch.Generator().manual_seed(3)
-    n, k = 64, 512
-    assert matmul.split_for(n, k, DEVICE, dtype, bits=4) > 1
     codes = torch.randint(0, 2**32, (n, k // 8), generator=gen, dtype=torch.int64)
     scales = (torch.rand((n, k // 64), generator=gen) * k**-0.5 / 16).to(DEVICE, dtype)
     w = PackedWeight(codes.to(torch.uint32).to(DEVICE), scales, -7.5 * scales, 4, 64)
-    x = torch.randn((128, k), generator=gen).to(DEVICE, dtype)
-    alone = matmul.matmul(x[5:6], w)
-    for m in (37, 128):
-        assert torch.equal(matmul.matmul(x[:m], w)[5:6], alone), m
+    return torch.randn((rows, k), generator=gen).to(DEVICE, dtype), w
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_matmul_rows_do_not_depend_on_m(dtype):
+    """4-bit MLX codes dequantized in the kernel: the split-K path and the one-program path, and
+    the decode, few-rows and prefill tiles, give a row the same bits. On a GPU at an 8B-like
+    K (the warpgroup tiles H200 call 3 found changing bits passed at K = 512)."""
+    n, k, ms = (512, 4096, (37, 300)) if DEVICE == "cuda" else (64, 512, (37, 128))
+    assert matmul.split_for(n, k, DEVICE, dtype, bits=4) > 1
+    x, w = _packed_case(dtype, n, k, max(ms))
+    for row in (0, 5, 36):
+        alone = matmul.matmul(x[row : row + 1], w)
+        for m in ms:
+            assert torch.equal(matmul.matmul(x[:m], w)[row : row + 1], alone), (row, m)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="warpgroup MMA tiles need a Hopper GPU")
+def test_negative_control_packed_rows_on_warpgroup_tiles():
+    """The tile rule's control: 64-row tiles of 4 warps (Hopper's warpgroup MMA) give some row
+    other bits than the decode tile does."""
+    from lanes.kernels import packed_matmul
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("warpgroup MMA is Hopper's")
+    x, w = _packed_case(torch.bfloat16, 512, 4096, 37)
+    decode = torch.cat([matmul.matmul(x[r : r + 1], w) for r in range(37)])
+    warpgroup = packed_matmul.packed_matmul(x, w, None, packed_matmul.PackedTiles(64))
+    assert not torch.equal(warpgroup, decode)
 
 
 def _chunks() -> tuple[int, ...]:
