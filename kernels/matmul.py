@@ -36,6 +36,7 @@ from lanes.kernels.split_plan import (
     BLOCK_K,
     SMALL_M,
     Plan,
+    finish_tile,
     plan_for,
     store_tile,
     target_programs,
@@ -115,25 +116,10 @@ def _matmul_kernel(
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
         total += acc
-    mask = mask_m[:, None] & mask_n[None, :]
-    out_offs = rm[:, None] * N + rn[None, :]
-    if PARTIAL:
-        tl.store(part_ptr + first * M * N + out_offs, total, mask=mask)
-        # every thread's share of the partial is stored (the barrier) before one thread counts
-        # the arrival with release semantics; the last arrival acquires, so it sees them all
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(1) + pid_n
-        arrived = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT):  # ascending: the same sums as the one-program path
-                total += tl.load(
-                    part_ptr + s * M * N + out_offs, mask=mask, other=0.0, cache_modifier=".cg"
-                )
-            tl.atomic_xchg(ticket_ptr + tile, 0)
-            store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
-    else:
-        store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
+    finish_tile(
+        total, part_ptr, ticket_ptr, bias_ptr, out_ptr, first, M, N, rm, rn, mask_m, mask_n,
+        SPLIT, PARTIAL, HAS_BIAS,
+    )  # fmt: skip
 
 
 @triton.jit

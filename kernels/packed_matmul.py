@@ -27,8 +27,8 @@ from lanes.kernels.split_plan import (
     BLOCK_K,
     SMALL_M,
     Plan,
+    finish_tile,
     plan_for,
-    store_tile,
     target_programs,
 )
 from lanes.packed import PackedWeight
@@ -115,23 +115,10 @@ def _packed_matmul_kernel(
         total += acc
     if WEIGHT_LEFT:
         total = tl.trans(total)
-    mask = mask_m[:, None] & mask_n[None, :]
-    out_offs = rm[:, None] * N + rn[None, :]
-    if PARTIAL:  # as matmul._matmul_kernel: the tile's last arrival adds the segments in order
-        tl.store(part_ptr + first * M * N + out_offs, total, mask=mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(1) + pid_n
-        arrived = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT):
-                total += tl.load(
-                    part_ptr + s * M * N + out_offs, mask=mask, other=0.0, cache_modifier=".cg"
-                )
-            tl.atomic_xchg(ticket_ptr + tile, 0)
-            store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
-    else:
-        store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
+    finish_tile(
+        total, part_ptr, ticket_ptr, bias_ptr, out_ptr, first, M, N, rm, rn, mask_m, mask_n,
+        SPLIT, PARTIAL, HAS_BIAS,
+    )  # fmt: skip
 
 
 @triton.jit

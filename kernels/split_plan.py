@@ -97,3 +97,33 @@ def store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: t
     if HAS_BIAS:
         total += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def finish_tile(
+    total, part_ptr, ticket_ptr, bias_ptr, out_ptr, first, M, N, rm, rn, mask_m, mask_n,
+    SPLIT: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """A program's fp32 tile [BLOCK_M, BLOCK_N] of rows rm and columns rn: stored, or with
+    PARTIAL (one segment, `first`, per program) stored as a partial, and the tile's last program
+    to arrive (a ticket per tile) adds the SPLIT partials in ascending order and stores the
+    tile: the same sums as one program adding its segments in order."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    out_offs = rm[:, None] * N + rn[None, :]
+    if PARTIAL:
+        tl.store(part_ptr + first * M * N + out_offs, total, mask=mask)
+        # every thread's share of the partial is stored (the barrier) before one thread counts
+        # the arrival with release semantics; the last arrival acquires, so it sees them all
+        tl.debug_barrier()
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        arrived = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            total = tl.zeros_like(total)
+            for s in range(SPLIT):  # ascending: the same sums as the one-program path
+                total += tl.load(
+                    part_ptr + s * M * N + out_offs, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.atomic_xchg(ticket_ptr + tile, 0)
+            store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
+    else:
+        store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS)
