@@ -38,6 +38,7 @@ from lanes.kernels.split_plan import (
     Plan,
     finish_tile,
     plan_for,
+    segments,
     store_tile,
     target_programs,
     wide_steps,
@@ -93,12 +94,7 @@ def _matmul_kernel(
     rk = tl.arange(0, BLOCK_K)
     mask_m = rm < M
     mask_n = rn < N
-    if PARTIAL:
-        first = tl.program_id(2)
-        last = first + 1
-    else:
-        first = 0
-        last = SPLIT
+    first, last = segments(PARTIAL, SPLIT)
     wait_for_inputs(PDL)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(first, last):

@@ -29,6 +29,7 @@ from lanes.kernels.split_plan import (
     Plan,
     finish_tile,
     plan_for,
+    segments,
     target_programs,
 )
 from lanes.packed import PackedWeight
@@ -79,12 +80,7 @@ def _packed_matmul_kernel(
     rk = tl.arange(0, BLOCK_K)
     mask_m = rm < M
     mask_n = rn < N
-    if PARTIAL:
-        first = tl.program_id(2)
-        last = first + 1
-    else:
-        first = 0
-        last = SPLIT
+    first, last = segments(PARTIAL, SPLIT)
     wait_for_inputs(PDL)
     if WEIGHT_LEFT:
         total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

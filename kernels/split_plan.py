@@ -100,6 +100,19 @@ def store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: t
 
 
 @triton.jit
+def segments(PARTIAL: tl.constexpr, SPLIT: tl.constexpr):
+    """The K segments [first, last) this program reduces: its own (program axis 2) with
+    PARTIAL, else all of them."""
+    if PARTIAL:
+        first = tl.program_id(2)
+        last = first + 1
+    else:
+        first = 0
+        last = SPLIT
+    return first, last
+
+
+@triton.jit
 def finish_tile(
     total, part_ptr, ticket_ptr, bias_ptr, out_ptr, first, M, N, rm, rn, mask_m, mask_n,
     SPLIT: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
