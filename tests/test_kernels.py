@@ -187,6 +187,27 @@ def test_packed_matmul_rows_do_not_depend_on_m(dtype):
             assert torch.equal(matmul.matmul(x[:m], w)[row : row + 1], alone), (row, m)
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_packed_matmul_on_each_tile_shape_matches_the_reference(bits):
+    """The decode, few-rows and prefill tiles (the prefill one with the weight on the left) all
+    compute x @ w.T; on the CPU only the decode tile runs in the engine, so the others are
+    checked here directly."""
+    from lanes.kernels import packed_matmul
+    from lanes.packed import PackedWeight
+
+    gen = torch.Generator().manual_seed(bits)
+    n, k, m = 96, 256, 40
+    codes = torch.randint(0, 2**32, (n, k * bits // 32), generator=gen, dtype=torch.int64)
+    scales = torch.rand((n, k // 64), generator=gen) * k**-0.5 / 2**bits
+    w = PackedWeight(codes.to(torch.uint32), scales, -scales * (2**bits - 1) / 2, bits, 64)
+    x = torch.randn((m, k), generator=gen)
+    want = matmul.ref_matmul(x, w)
+    tiles = (packed_matmul.DECODE_TILES, packed_matmul.FEW_ROWS_TILES, packed_matmul.PREFILL_TILES)
+    for t in tiles:
+        got = packed_matmul.packed_matmul(x, w, None, t)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(t))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="warpgroup MMA tiles need a Hopper GPU")
 def test_negative_control_packed_rows_on_warpgroup_tiles():
     """The tile rule's control: 64-row tiles of 4 warps (Hopper's warpgroup MMA) give some row
