@@ -4,13 +4,16 @@ with w = scale * code + bias per group, dequantized in registers tile by tile.
 The reduction has the float matmul's shape (kernels/matmul.py): BLOCK_K-wide steps in
 ascending order inside SPLIT segments (from the weight's shape only, never from M), the
 segments added in ascending order by the tile's last-arriving program at decode (split-K) or in
-one program at larger M. Every row of a packed weight has the same bits at any M and in any tile
-shape (checked on the H200). A packed weight and its dequantized float copy agree to rounding,
-not bitwise: the kernel rounds scale * code + bias as one fma.
+one program at larger M. A row has the same bits at any M as long as the tiles stay on the
+warp-level MMA (PackedTiles). A packed weight and its dequantized float copy agree to rounding,
+not bitwise.
 
-Each program loads whole words, [BLOCK_N, BLOCK_K / PER_WORD], splits them into codes in
-registers, scales and shifts them while a word's codes still sit together in one thread, and
-only then lays the tile out as [BLOCK_N, BLOCK_K] for the tensor cores.
+A program reads its tile's codes as bytes, [BLOCK_N, BLOCK_K * BITS / 8], takes a byte's codes
+apart in registers and interleaves them into columns, with one scale and bias per row (a step
+never spans two groups). 4-bit codes in bf16/fp16 on a GPU become weights two at a time by
+packed half-precision arithmetic (_paired_nibbles); elsewhere scale * code + bias is one fp32
+fma. On the H200 the packed-pairs tile issues ~5.7 instructions a weight, the old reshaped
+tile 19.6 (sm_90 SASS; bench/NOTES.md, sixteenth session).
 """
 
 from __future__ import annotations
