@@ -12,8 +12,8 @@ A program reads its tile's codes as bytes, [BLOCK_N, BLOCK_K * BITS / 8], takes 
 apart in registers and interleaves them into columns, with one scale and bias per row (a step
 never spans two groups). 4-bit codes in bf16/fp16 on a GPU become weights two at a time by
 packed half-precision arithmetic (_paired_nibbles); elsewhere scale * code + bias is one fp32
-fma. On the H200 the packed-pairs tile issues ~5.7 instructions a weight, the old reshaped
-tile 19.6 (sm_90 SASS; bench/NOTES.md, sixteenth session).
+fma. Compiled for sm_90 (Triton 3.9), the packed-pairs tile issues ~5.7 instructions a
+weight, the old reshaped tile 19.6 (bench/NOTES.md, sixteenth session).
 """
 
 from __future__ import annotations
