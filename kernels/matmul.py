@@ -30,8 +30,8 @@ try:  # host-side tensor descriptors (Triton >= 3.4)
 except ImportError:  # pragma: no cover - older Triton: prefill keeps the pointer-load tiles
     TensorDescriptor = None
 
-from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, tickets, wait_for_inputs
-from lanes.kernels.packed_matmul import packed_matmul, packed_plan
+from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, wait_for_inputs
+from lanes.kernels.packed_matmul import packed_matmul
 from lanes.kernels.split_plan import (
     BLOCK_K,
     SMALL_M,
@@ -39,6 +39,7 @@ from lanes.kernels.split_plan import (
     finish_tile,
     plan_for,
     segments,
+    split_buffers,
     store_tile,
     target_programs,
     wide_steps,
@@ -51,14 +52,13 @@ __all__ = ["BLOCK_K", "Plan", "matmul", "plan_for", "ref_matmul", "split_for", "
 
 
 def split_for(
-    n: int, k: int, device: torch.device, dtype: torch.dtype, bits: int | None = None
+    n: int, k: int, device: torch.device, dtype: torch.dtype, packed: bool = False
 ) -> int:
     """Segments of the K reduction for a weight of shape [n, k] and this dtype on this device
-    (`bits`: of a PackedWeight's codes)."""
+    (`packed`: a PackedWeight, whose decode steps are never 128 wide)."""
     device = torch.device(device)
-    if bits:
-        return packed_plan(n, k, bits, target_programs(device)).split
-    return plan_for(n, k, target_programs(device), wide_steps(dtype, device)).split
+    wide = not packed and wide_steps(dtype, device)
+    return plan_for(n, k, target_programs(device), wide).split
 
 
 @triton.jit
@@ -181,13 +181,12 @@ _WIDE_WEIGHT = PrefillTiles(block_m=256, block_n=128)
 _WEIGHT = PrefillTiles(block_m=128, block_n=256)
 
 
-def prefill_tiles_for(x: torch.Tensor, w) -> PrefillTiles | None:
-    """The tensor-descriptor tiles for x @ w.T, or None where they do not apply: packed or fp32
+def prefill_tiles_for(x: torch.Tensor, w: torch.Tensor) -> PrefillTiles | None:
+    """The tensor-descriptor tiles for x @ w.T, or None where they do not apply: fp32
     weights, the CPU interpreter, GPUs before Hopper, a Triton without tensor descriptors, or x
     not aligned for the TMA engine."""
     if (
         TensorDescriptor is None
-        or isinstance(w, PackedWeight)
         or x.dtype == torch.float32
         or interpreting()
         or x.device.type != "cuda"
@@ -230,7 +229,7 @@ def matmul(
 ) -> torch.Tensor:
     """x [M, K] @ w [N, K].T + bias [N] -> [M, N] in x's dtype; batch-invariant. w may be a
     PackedWeight (MLX affine codes, 2/4/8 bits): packed_matmul dequantizes it in registers,
-    with the same plan rule and its own reduction order."""
+    with the same plan rule and reduction shape."""
     packed = isinstance(w, PackedWeight)
     if x.dim() != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
@@ -276,18 +275,11 @@ def matmul(
         launch = dict(num_warps=8, num_stages=_prefill_stages(x.device))
     block_k = plan.decode_block_k if m <= SMALL_M else BLOCK_K
     grid_mn = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    # asked on every call, so the first matmul on a device (eager, before any graph) makes them
-    counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0, "matmul")
+    parts, grid, counters = split_buffers(out, plan.split, partial, grid_mn)
     tiles = None if partial or m <= SMALL_M else prefill_tiles_for(x, w)
     if tiles is not None:
         matmul_tiles(x, w, bias, out, plan.split, tiles)
         return out
-    if partial:
-        parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
-        grid = (*grid_mn, plan.split)
-    else:
-        parts = out
-        grid = grid_mn
     _matmul_kernel[grid](
         x,
         w,

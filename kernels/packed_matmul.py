@@ -25,24 +25,17 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, tickets, wait_for_inputs
+from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, wait_for_inputs
 from lanes.kernels.split_plan import (
     BLOCK_K,
     SMALL_M,
-    Plan,
     finish_tile,
     plan_for,
     segments,
+    split_buffers,
     target_programs,
 )
 from lanes.packed import PackedWeight
-
-
-@functools.cache
-def packed_plan(n: int, k: int, bits: int, target: int) -> Plan:
-    """The float matmul's plan rule over BLOCK_K-wide steps (no 128-wide decode steps: a
-    packed tile's registers hold its codes as well)."""
-    return plan_for(n, k, target)
 
 
 @triton.jit
@@ -57,7 +50,6 @@ def _packed_matmul_kernel(
     ticket_ptr,  # [tiles] int32 arrival counters (PARTIAL) or dummy
     M,
     N,
-    K,
     stride_xm,
     stride_wn,
     stride_sn,
@@ -231,7 +223,6 @@ class PackedTiles:
     block_n: int | None = None  # None: the plan's
     num_warps: int = 4
     weight_left: bool = False  # the weight as the left operand: its columns are the MMA's rows
-    block_k: int = BLOCK_K  # a multiple of BLOCK_K dividing the plan's segments
 
 
 # H200, 8B weights at 4 bits (session16-h200 calls 2-3): decode 16 rows and the plan's columns
@@ -260,18 +251,13 @@ def packed_matmul(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    plan = packed_plan(n, k, w.bits, target_programs(x.device))
+    # no 128-wide decode steps (a packed tile's registers hold its codes as well)
+    plan = plan_for(n, k, target_programs(x.device))
     partial = plan.split > 1 and m <= SMALL_M
     tiles = tiles or tiles_for(m, x.dtype)
     block_n = tiles.block_n or plan.block_n
     grid_mn = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, block_n))
-    counters = tickets(x.device, grid_mn[0] * grid_mn[1] if partial else 0, "matmul")
-    if partial:
-        parts = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
-        grid = (*grid_mn, plan.split)
-    else:
-        parts = out
-        grid = grid_mn
+    parts, grid, counters = split_buffers(out, plan.split, partial, grid_mn)
     _packed_matmul_kernel[grid](
         x,
         w.codes.view(torch.uint8),
@@ -283,7 +269,6 @@ def packed_matmul(
         counters,
         m,
         n,
-        k,
         x.stride(0),
         w.codes.stride(0) * 4,  # in bytes
         w.scales.stride(0),
@@ -297,7 +282,7 @@ def packed_matmul(
         GROUP=w.group,
         BLOCK_M=tiles.block_m,
         BLOCK_N=block_n,
-        BLOCK_K=min(tiles.block_k, w.group),
+        BLOCK_K=min(BLOCK_K, w.group),  # a step within one group
         PAIRED=paired(w.bits, x.dtype, x.device),
         WEIGHT_LEFT=tiles.weight_left,
         num_warps=tiles.num_warps,

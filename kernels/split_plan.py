@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lanes.kernels.common import interpreting
+from lanes.kernels.common import interpreting, tickets
 
 BLOCK_K = 64
 WIDE_BLOCK_K = 128  # decode's K step where a segment and the launch allow (plan_for)
@@ -97,6 +97,21 @@ def store_tile(total, bias_ptr, out_ptr, out_offs, rn, mask, mask_n, HAS_BIAS: t
     if HAS_BIAS:
         total += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def split_buffers(
+    out: torch.Tensor, split: int, partial: bool, grid_mn: tuple[int, int]
+) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
+    """(partials, grid, tickets) for a launch over grid_mn = (row tiles, column tiles) writing
+    `out` [M, N]: with `partial`, an fp32 [split, M, N] partial per segment and a segment per
+    program (grid axis 2); else `out` stands in as the unused partials. The tickets are asked
+    for on every call, so the first matmul on a device (eager, before any graph) makes them."""
+    counters = tickets(out.device, grid_mn[0] * grid_mn[1] if partial else 0, "matmul")
+    if not partial:
+        return out, grid_mn, counters
+    m, n = out.shape
+    parts = torch.empty((split, m, n), dtype=torch.float32, device=out.device)
+    return parts, (*grid_mn, split), counters
 
 
 @triton.jit

@@ -163,13 +163,16 @@ def test_rope_kv_write_rows_do_not_depend_on_t(dtype):
         assert torch.equal(vc1[slots[one]], vc[slots[one]]), i
 
 
-def _packed_case(dtype, n: int, k: int, rows: int):
+def _packed_case(dtype, n: int, k: int, rows: int, bits: int = 4):
+    """rows x [rows, k] and a [n, k] PackedWeight of random codes (groups of 64) whose weights
+    centre on zero, about k**-0.5 in size."""
     from lanes.packed import PackedWeight
 
     gen = torch.Generator().manual_seed(3)
-    codes = torch.randint(0, 2**32, (n, k // 8), generator=gen, dtype=torch.int64)
-    scales = (torch.rand((n, k // 64), generator=gen) * k**-0.5 / 16).to(DEVICE, dtype)
-    w = PackedWeight(codes.to(torch.uint32).to(DEVICE), scales, -7.5 * scales, 4, 64)
+    codes = torch.randint(0, 2**32, (n, k * bits // 32), generator=gen, dtype=torch.int64)
+    scales = (torch.rand((n, k // 64), generator=gen) * k**-0.5 / 2**bits).to(DEVICE, dtype)
+    biases = -scales * (2**bits - 1) / 2
+    w = PackedWeight(codes.to(torch.uint32).to(DEVICE), scales, biases, bits, 64)
     return torch.randn((rows, k), generator=gen).to(DEVICE, dtype), w
 
 
@@ -179,7 +182,7 @@ def test_packed_matmul_rows_do_not_depend_on_m(dtype):
     the decode, few-rows and prefill tiles, give a row the same bits. On a GPU at an 8B-like
     K (the warpgroup tiles H200 call 3 found changing bits passed at K = 512)."""
     n, k, ms = (512, 4096, (37, 300)) if DEVICE == "cuda" else (64, 512, (37, 128))
-    assert matmul.split_for(n, k, DEVICE, dtype, bits=4) > 1
+    assert matmul.split_for(n, k, DEVICE, dtype, packed=True) > 1
     x, w = _packed_case(dtype, n, k, max(ms))
     for row in (0, 5, 36):
         alone = matmul.matmul(x[row : row + 1], w)
@@ -193,14 +196,8 @@ def test_packed_matmul_on_each_tile_shape_matches_the_reference(bits):
     compute x @ w.T; on the CPU only the decode tile runs in the engine, so the others are
     checked here directly."""
     from lanes.kernels import packed_matmul
-    from lanes.packed import PackedWeight
 
-    gen = torch.Generator().manual_seed(bits)
-    n, k, m = 96, 256, 40
-    codes = torch.randint(0, 2**32, (n, k * bits // 32), generator=gen, dtype=torch.int64)
-    scales = torch.rand((n, k // 64), generator=gen) * k**-0.5 / 2**bits
-    w = PackedWeight(codes.to(torch.uint32), scales, -scales * (2**bits - 1) / 2, bits, 64)
-    x = torch.randn((m, k), generator=gen)
+    x, w = _packed_case(torch.float32, 96, 256, 40, bits)
     want = matmul.ref_matmul(x, w)
     tiles = (packed_matmul.DECODE_TILES, packed_matmul.FEW_ROWS_TILES, packed_matmul.PREFILL_TILES)
     for t in tiles:
