@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from lanes import EngineConfig, SamplingParams, build_engine, ops
+from lanes.build import keeps_gguf_packed
 from lanes.models import open_checkpoint
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -45,7 +46,10 @@ def main() -> None:
     ap.add_argument("--gguf-packed", default=None, help="comma-separated off/on to compare")
     args = ap.parse_args()
 
-    packings = [p == "on" for p in args.gguf_packed.split(",")] if args.gguf_packed else [False]
+    default_packing = keeps_gguf_packed(EngineConfig(device=args.device))  # exact mode's
+    packings = (
+        [p == "on" for p in args.gguf_packed.split(",")] if args.gguf_packed else [default_packing]
+    )
     ckpts = {packing: open_checkpoint(args.model, packing) for packing in packings}
     ckpt = ckpts[packings[0]]
     dtypes = args.dtypes.split(",")

@@ -22,11 +22,23 @@ from lanes.cache.kv_pool import KVPool
 from lanes.config import ConfigError, EngineConfig
 from lanes.drafter import Proposer, make_proposer
 from lanes.engine import Engine
+from lanes.kernels import packed_linear_cpu
 from lanes.models import Checkpoint, build_decoder, open_checkpoint
 from lanes.models.decoder import Decoder
 from lanes.parallel import Comm, shard_config, shard_weights, worker_loop
 from lanes.runner import build_runner
 from lanes.warmup import prepare_device
+
+
+def keeps_gguf_packed(cfg: EngineConfig, parallel: Comm | None = None) -> bool:
+    """Whether a .gguf's quantized weights stay codes: as configured, else where that is the
+    faster form: exact mode on the CPU with the C packed linear built (the default model: 20.5
+    -> 52.6 tok/s on the 2-core dev box, bench/NOTES.md). Elsewhere the packed path costs speed
+    (the torch ops dequantize tiles every step; tensor parallelism refuses codes)."""
+    if cfg.gguf_packed is not None:
+        return cfg.gguf_packed
+    on_cpu = cfg.device == "cpu" and cfg.kernels != "triton"
+    return parallel is None and cfg.exact and on_cpu and packed_linear_cpu.available()
 
 
 def build_engine(
@@ -44,7 +56,7 @@ def build_engine(
     a tensor-parallel group (the drafter lives on rank 0); engine_type: an Engine subclass (tests
     that change one mechanism to show a check fails without it)."""
     cfg = config or EngineConfig()
-    ckpt = checkpoint or open_checkpoint(model, cfg.gguf_packed)
+    ckpt = checkpoint or open_checkpoint(model, keeps_gguf_packed(cfg, parallel))
     dtype = getattr(torch, cfg.torch_dtype_name)
     ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
     decoder = build_decoder(ckpt, ops, dtype, cfg.device)

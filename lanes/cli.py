@@ -139,7 +139,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 0
     if args.tokenizer:
-        checkpoint = with_tokenizer(model, args.tokenizer, args.gguf_packed)
+        from lanes.build import keeps_gguf_packed
+
+        checkpoint = with_tokenizer(model, args.tokenizer, keeps_gguf_packed(config))
         serve(_off_the_main_thread(build_engine, checkpoint=checkpoint, config=config), **options)
         return 0
     serve(_off_the_main_thread(build_engine, model, config), **options)
@@ -411,8 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
     gen.add_argument(
         "--gguf-packed",
-        action="store_true",
-        help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights packed (less memory; slower on the CPU)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights as codes (default: on the CPU in exact "
+        "mode, where a C kernel reads them; elsewhere the float weights are faster)",
     )
     gen.add_argument("--json", action="store_true", help="print token ids and text as JSON")
     gen.set_defaults(run=_generate)
@@ -522,8 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     model.add_argument(
         "--gguf-packed",
-        action="store_true",
-        help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights packed (less memory; slower on the CPU)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights as codes (default: on the CPU in exact "
+        "mode, where a C kernel reads them; elsewhere the float weights are faster)",
     )
     model.add_argument(
         "--tensor-parallel",

@@ -387,9 +387,10 @@ class EngineConfig:
     draft_kv_cache_bytes: int = 128 * 2**20  # the model drafter's own KV pool
     max_model_len: int | None = None  # a context limit below the model's own (vLLM's flag)
     # a .gguf's Q4_0 / Q4_1 / Q8_0 weights kept as codes and served packed (lanes/packed.py)
-    # rather than dequantized to float at load (the default model: 513 -> 110 MiB); on the CPU
-    # each linear then dequantizes its tiles every step, so it is slower there
-    gguf_packed: bool = False
+    # rather than dequantized to float at load (the default model: 513 -> 110 MiB). None: packed
+    # where a kernel reads the codes directly and is faster for it (lanes.build.keeps_gguf_packed:
+    # exact mode on the CPU with the C kernels built), float elsewhere
+    gguf_packed: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
+from lanes.kernels import attention_cpu, rows_cpu
 from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps, ref_gated_delta_lanes
+from lanes.kernels.packed_linear_cpu import packed_linear, takes
 from lanes.packed import OUT_TILE, PackedWeight
 
 # Rows per BLAS call. MKL takes 1-2 rows down a matrix-vector path and 4 or more down a GEMM
@@ -198,6 +200,18 @@ class ExactOps(Ops):
     name = "exact"
     is_batch_invariant = True
 
+    def linear(self, x, weight, bias=None):
+        # 4/8-bit codes straight from memory where the C kernel serves them (a row's bits never
+        # depend on the call's other rows there either); else dequantized tiles, as the base
+        if isinstance(weight, PackedWeight) and x.dtype == torch.float32 and takes(weight):
+            return packed_linear(x, weight, bias)
+        return super().linear(x, weight, bias)
+
+    def glu_linear(self, gate_up, weight):
+        if isinstance(weight, PackedWeight) and gate_up.dtype == torch.float32 and takes(weight):
+            return packed_linear(gate_up, weight, glu=True)  # silu * up as the kernel reads x
+        return super().glu_linear(gate_up, weight)
+
     def _linear(self, x, weight, bias=None):
         if weight.shape[0] < NARROW:
             return _by_row_tiles(lambda t: F.linear(t, weight, bias), x, NARROW_ROW_TILE)
@@ -216,9 +230,27 @@ class ExactOps(Ops):
         return _by_row_tiles(lambda t: F.linear(t, weight, bias), x)
 
     def rms_norm(self, x, weight, eps):
+        if rows_cpu.takes_norm(x, weight):
+            return rows_cpu.rms_norm(x, weight, eps)[1]
         return _by_row_tiles(lambda t: rms_norm(t, weight, eps), x)
 
+    def add_rms_norm(self, x, residual, weight, eps):
+        if rows_cpu.takes_norm(x, weight) and residual.dtype == torch.float32:
+            return rows_cpu.rms_norm(x, weight, eps, residual)
+        return super().add_rms_norm(x, residual, weight, eps)
+
+    def attention_inputs(
+        self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim: int, norms=None, eps=0.0
+    ):
+        if norms is None and rows_cpu.takes_rope_write(q, k, v, cos, k_cache, rope_dim):
+            return rows_cpu.rope_write(q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim)
+        return super().attention_inputs(
+            q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps
+        )
+
     def attention(self, q, k_cache, v_cache, batch):
+        if attention_cpu.takes(q, k_cache, v_cache):  # the C kernel: one call per lane
+            return attention_cpu.attention(q, k_cache, v_cache, batch)
         return exact_attention(q, k_cache, v_cache, batch)
 
 

@@ -141,7 +141,7 @@ def test_a_quantized_gguf_served_packed(tiny_models, tmp_path):
     same alone and batched."""
     path = _quantized_gguf(tiny_models, tmp_path / "q.gguf")
     packed = build_engine(str(path), EngineConfig(gguf_packed=True))
-    floats = build_engine(str(path))
+    floats = build_engine(str(path), EngineConfig(gguf_packed=False))
     assert packed.runner.decoder.weights.packed_forms() == {(4, 32): 8, (8, 32): 2}
     assert packed.runner.decoder.weights.nbytes < floats.runner.decoder.weights.nbytes / 3
     text = "The quick brown fox jumps over the lazy dog. 0123 Paris!"

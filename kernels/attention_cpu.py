@@ -1,0 +1,71 @@
+"""The CPU's exact attention: a C kernel (kernels/attention_cpu.c, built at first use by
+kernels/native.py) that gives each (query, head) its softmax over the keys up to its position,
+accumulated key by key in ascending position, so prefill, decode and verify agree bitwise and a
+query never depends on the rest of the batch. One call per lane instead of the ~20 torch ops
+per layer of lanes.attention.exact_attention (which stays: other dtypes, head sizes and
+machines without a compiler).
+
+The reference of the same math is lanes.attention.sdpa_attention (the tolerance is measured
+against it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from lanes.batch import ForwardBatch
+from lanes.kernels.native import load
+
+MAX_HEAD_DIM = 256  # as in the C source
+
+
+@functools.cache
+def _kernel():
+    lib = load("attention_cpu.c")
+    if lib is None:
+        return None
+    fn = lib.lanes_attention
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, i64, i64, i64, i64, p, p, p, i64, ctypes.c_float, p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the kernel serves these: float32 on the CPU, a head size that is a multiple of
+    16 up to 256, query heads a multiple of the KV heads, contiguous caches, a kernel built."""
+    d = q.shape[-1]
+    return (
+        q.device.type == "cpu"
+        and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        and d % 16 == 0
+        and d <= MAX_HEAD_DIM
+        and q.shape[1] % k_cache.shape[1] == 0
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and _kernel() is not None
+    )
+
+
+def attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+) -> torch.Tensor:
+    """q [num_tokens, heads, d]; caches [slots, kv_heads, d] -> [num_tokens, heads, d]
+    (`takes(q, k_cache, v_cache)` first)."""
+    _, heads, d = q.shape
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    for seq in batch.seqs:
+        rows = slice(seq.query_start, seq.query_start + seq.num_queries)
+        slots = seq.kv_slots.to(torch.int64).contiguous()
+        status = _kernel()(
+            q[rows].data_ptr(), seq.num_queries, heads, k_cache.shape[1], d,
+            k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), seq.first_position,
+            d**-0.5, out[rows].data_ptr(),
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError if status == -2 else ValueError(f"attention: q {tuple(q.shape)}")
+    return out

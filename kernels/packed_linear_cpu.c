@@ -1,0 +1,189 @@
+/* The CPU's packed linear (issue 21): out[m, n] = sum_k x[m, k] * w[n, k], with w kept as
+ * affine codes (lanes.packed: w = scale * code + bias per group of inputs; 4-bit codes two to a
+ * byte, the even input in the low nibble; 8-bit codes one to a byte) and dequantized in
+ * registers, so a decode step reads a quarter (or half) of the float32 weights' bytes.
+ *
+ * Batch invariance: every row's sum is the same sequence of float operations, whatever the
+ * number of rows in the call, the row's place in it, the thread that computes its column or
+ * the number of threads: 16 partial sums (one vector) walk the inputs in order, each weight
+ * dequantized as scale * code + bias (exact in float32 for llama.cpp's fp16 scales and small
+ * codes, so the weights lanes.packed.dequantize makes), then the 16 partials are added in a fixed tree.
+ * Rows share a dequantized weight vector ROWS at a time (prefill and verify read the codes once
+ * per ROWS rows); that changes which rows are computed together, never a row's operations.
+ *
+ * Portable C with GCC/Clang vector extensions: the compiler maps a 16-float vector onto
+ * whatever the machine has (one AVX-512 register, two AVX2 ones, four NEON ones). Built at first
+ * use by kernels/native.py; threads come from OpenMP where the compiler has it.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+
+#define ROWS 4        /* rows that share one dequantized weight vector */
+#define COLUMN_TILE 8 /* output columns per unit of thread work */
+
+/* a * b + c, fused where the machine fuses (built with -ffp-contract=off, so the compiler
+ * never decides this on its own, differently in different copies of a loop). */
+static inline f32x16 fma16(f32x16 a, f32x16 b, f32x16 c) {
+#if defined(__AVX512F__)
+    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    union halves { f32x16 v; __m256 h[2]; } ua = {a}, ub = {b}, uc = {c}, r;
+    for (int i = 0; i < 2; i++) r.h[i] = _mm256_fmadd_ps(ua.h[i], ub.h[i], uc.h[i]);
+    return r.v;
+#elif defined(__aarch64__)
+    union quarters { f32x16 v; float32x4_t q[4]; } ua = {a}, ub = {b}, uc = {c}, r;
+    for (int i = 0; i < 4; i++) r.q[i] = vfmaq_f32(uc.q[i], ua.q[i], ub.q[i]);
+    return r.v;
+#else
+    return a * b + c;
+#endif
+}
+
+static inline f32x16 load_f32x16(const float *p) {
+    f32x16 v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline u8x16 load_u8x16(const uint8_t *p) {
+    u8x16 v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float fixed_tree_sum(f32x16 v) {
+    float s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+/* 16 codes as floats: at 4 bits the low nibbles of 16 bytes (lo) and their high nibbles (hi);
+ * at 8 bits 16 bytes each. */
+static inline void codes_to_floats(const uint8_t *p, int bits, f32x16 *lo, f32x16 *hi) {
+#if defined(__AVX512F__)
+    const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    if (bits == 4) {
+        *lo = (f32x16)_mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(15)));
+        *hi = (f32x16)_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+    } else {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
+        *lo = (f32x16)_mm512_cvtepi32_ps(a);
+        *hi = (f32x16)_mm512_cvtepi32_ps(b);
+    }
+#else
+    /* elementwise: the compiler vectorizes what it can; the values are exact either way */
+    for (int j = 0; j < 16; j++) {
+        if (bits == 4) {
+            (*lo)[j] = (float)(p[j] & 15);
+            (*hi)[j] = (float)(p[j] >> 4);
+        } else {
+            (*lo)[j] = (float)p[j];
+            (*hi)[j] = (float)p[j + 16];
+        }
+    }
+#endif
+}
+
+/* One output column for `rows` rows (a constant where it is inlined, so the partial sums stay
+ * in registers). xs holds the rows' inputs in code order: at 4 bits each 32 inputs as the 16
+ * even ones, then the 16 odd ones (the nibbles' order). */
+static inline __attribute__((always_inline)) void column_rows(
+    const float *xs, int64_t x_stride, const int rows, int64_t k, int bits, int64_t group,
+    const uint8_t *codes, const float *scales, const float *biases, float *out,
+    int64_t out_stride) {
+    f32x16 acc[ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = (f32x16){0};
+    const int64_t groups = k / group;
+    for (int64_t g = 0; g < groups; g++) {
+        const f32x16 scale = (f32x16){0} + scales[g];
+        const f32x16 bias = (f32x16){0} + biases[g];
+        for (int64_t i = g * group; i < (g + 1) * group; i += 32) {
+            f32x16 w0, w1;
+            codes_to_floats(codes + i * bits / 8, bits, &w0, &w1);
+            w0 = fma16(w0, scale, bias);
+            w1 = fma16(w1, scale, bias);
+            for (int r = 0; r < rows; r++) {
+                const float *x = xs + r * x_stride + i;
+                acc[r] = fma16(load_f32x16(x), w0, acc[r]);
+                acc[r] = fma16(load_f32x16(x + 16), w1, acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) out[r * out_stride] = fixed_tree_sum(acc[r]);
+}
+
+#define COLUMN(ROWS_)                                                                           \
+    static void column_##ROWS_(const float *xs, int64_t k, int bits, int64_t group,             \
+                               const uint8_t *codes, const float *scales, const float *biases, \
+                               float *out, int64_t out_stride) {                               \
+        column_rows(xs, k, ROWS_, k, bits, group, codes, scales, biases, out, out_stride);      \
+    }
+COLUMN(1)
+COLUMN(2)
+COLUMN(3)
+COLUMN(4)
+typedef void (*column_fn)(const float *, int64_t, int, int64_t, const uint8_t *, const float *,
+                          const float *, float *, int64_t);
+static const column_fn COLUMNS[ROWS + 1] = {0, column_1, column_2, column_3, column_4};
+
+/* x [m, k] -> xs [m, k] in code order (see column_rows). With glu, x is [m, 2k], a gate and
+ * an up projection side by side, and the input is silu(gate) * up (the MLP's down projection). */
+static inline float input_at(const float *row, int64_t i, int64_t k, int glu) {
+    if (!glu) return row[i];
+    const float gate = row[i];
+    return gate / (1.0f + expf(-gate)) * row[k + i];
+}
+
+static void to_code_order(const float *x, float *xs, int64_t m, int64_t k, int bits, int glu) {
+    const int64_t width = glu ? 2 * k : k;
+    for (int64_t r = 0; r < m; r++) {
+        const float *src = x + r * width;
+        float *dst = xs + r * k;
+        if (bits != 4) {
+            for (int64_t i = 0; i < k; i++) dst[i] = input_at(src, i, k, glu);
+            continue;
+        }
+        for (int64_t i = 0; i < k; i += 32)
+            for (int j = 0; j < 16; j++) {
+                dst[i + j] = input_at(src, i + 2 * j, k, glu);
+                dst[i + 16 + j] = input_at(src, i + 2 * j + 1, k, glu);
+            }
+    }
+}
+
+/* out [m, n] = x [m, k] @ w.T, w [n, k] from codes [n, k * bits / 8], scales and biases
+ * [n, k / group]; with glu, x [m, 2k] and the input silu(x[:, :k]) * x[:, k:]. scratch holds
+ * m * k floats. bits 4 or 8; group a multiple of 32 dividing k. Returns 0, or -1 for arguments
+ * it does not take (the caller checks them first). */
+int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uint8_t *codes,
+                        const float *scales, const float *biases, int64_t n, int bits,
+                        int64_t group, float *scratch, float *out) {
+    if ((bits != 4 && bits != 8) || group % 32 != 0 || k % group != 0) return -1;
+    to_code_order(x, scratch, m, k, bits, glu);
+    const int64_t code_stride = k * bits / 8, groups = k / group;
+    const int64_t tiles = (n + COLUMN_TILE - 1) / COLUMN_TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t first = t * COLUMN_TILE;
+        const int64_t last = first + COLUMN_TILE < n ? first + COLUMN_TILE : n;
+        for (int64_t r = 0; r < m; r += ROWS) {
+            const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
+            for (int64_t c = first; c < last; c++)
+                COLUMNS[rows](scratch + r * k, k, bits, group, codes + c * code_stride,
+                              scales + c * groups, biases + c * groups, out + r * n + c, n);
+        }
+    }
+    return 0;
+}
