@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -27,8 +28,8 @@ class KVPool:
         self.block_size = block_size
         self.dtype = dtype
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.states = None  # hybrid models: the recurrent-state slots (cache.state_pool)
 
     @staticmethod
@@ -42,3 +43,16 @@ class KVPool:
         """Store k, v [num_tokens, num_kv_heads, head_dim] at slots [num_tokens]."""
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zeroed tensor. On the CPU through numpy's calloc: the operating system's zero pages,
+    so memory is only used where KV is written (torch.zeros writes every byte: a 512 MiB pool
+    made 512 MiB of resident memory before the first request)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = itemsize * int(np.prod(shape))
+    raw = np.zeros(nbytes + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64  # cache-line aligned, as torch's own allocations are
+    return torch.from_numpy(raw[start : start + nbytes]).view(dtype).view(shape)

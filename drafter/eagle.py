@@ -54,6 +54,7 @@ from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.kernels.sampling import sample_with
 from lanes.lane import Lane
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
+from lanes.packed import PackedWeight
 from lanes.rounds import Step, lane_rows
 from lanes.runner import build_runner
 from lanes.sampling import sample_row
@@ -122,14 +123,21 @@ def load_eagle_decoder(path: Path, target: Checkpoint, config: EngineConfig) -> 
     def load(name: str) -> torch.Tensor:
         return target.load(name) if name == embed_name else own[name]
 
+    def packed(name: str) -> PackedWeight | None:  # the target's embedding as the target holds it
+        return target.packed(name) if name == embed_name and target.packed else None
+
     dtype = getattr(torch, config.torch_dtype_name)
-    weights = assemble(cfg, load, dtype, config.device)
+    weights = assemble(cfg, load, dtype, config.device, packed=packed)
     weights.fuse = fuse.to(device=config.device, dtype=dtype)
     if vocab is not None:
         vocab = vocab.to(device=config.device, dtype=torch.int64)
         if vocab.ndim != 1 or int(vocab.min()) < 0 or int(vocab.max()) >= cfg.vocab_size:
             raise WeightError(f"{path}: {VOCAB} must list token ids below {cfg.vocab_size}")
-        weights.lm_head = weights.embed[vocab].contiguous()
+        embed = weights.embed
+        # a packed embedding's rows stay codes: the head streams a quarter of the bytes
+        weights.lm_head = (
+            embed.select(vocab) if isinstance(embed, PackedWeight) else embed[vocab].contiguous()
+        )
     ops = make_ops(config.exact, config.device, config.kernels)
     if reduce is not None:
         reduce = reduce.to(device=config.device, dtype=dtype)

@@ -5,9 +5,9 @@
  *
  * Batch invariance: every row's sum is the same sequence of float operations, whatever the
  * number of rows in the call, the row's place in it, the thread that computes its column or
- * the number of threads: 16 partial sums (one vector) walk the inputs in order, each weight
+ * the number of threads: 64 partial sums (four vectors) walk the inputs in order, each weight
  * dequantized as scale * code + bias (exact in float32 for llama.cpp's fp16 scales and small
- * codes, so the weights lanes.packed.dequantize makes), then the 16 partials are added in a fixed tree.
+ * codes, so the weights lanes.packed.dequantize makes), then the partials are added in a fixed tree.
  * Rows share a dequantized weight vector ROWS at a time (prefill and verify read the codes once
  * per ROWS rows); that changes which rows are computed together, never a row's operations.
  *
@@ -69,59 +69,70 @@ static inline float fixed_tree_sum(f32x16 v) {
     return s2[0] + s2[1];
 }
 
-/* 16 codes as floats: at 4 bits the low nibbles of 16 bytes (lo) and their high nibbles (hi);
- * at 8 bits 16 bytes each. */
-static inline void codes_to_floats(const uint8_t *p, int bits, f32x16 *lo, f32x16 *hi) {
+/* A group's 32-input chunk of weights, scale * code + bias: w0 for the 16 low nibbles of 16
+ * bytes (4 bits) or 16 bytes (8 bits), w1 for the high nibbles or the next 16 bytes. `table`
+ * holds scale * q + bias for q = 0..15 (4 bits): with AVX-512 a 4-bit weight is a lookup in it
+ * (one shuffle instead of a conversion and an FMA); the values are the same either way. */
+static inline void dequantize_chunk(const uint8_t *p, int bits, f32x16 scale, f32x16 bias,
+                                    f32x16 table, f32x16 *w0, f32x16 *w1) {
 #if defined(__AVX512F__)
     const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     if (bits == 4) {
-        *lo = (f32x16)_mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(15)));
-        *hi = (f32x16)_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+        *w0 = (f32x16)_mm512_permutexvar_ps(_mm512_and_si512(a, _mm512_set1_epi32(15)),
+                                            (__m512)table);
+        *w1 = (f32x16)_mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), (__m512)table);
     } else {
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
-        *lo = (f32x16)_mm512_cvtepi32_ps(a);
-        *hi = (f32x16)_mm512_cvtepi32_ps(b);
+        *w0 = fma16((f32x16)_mm512_cvtepi32_ps(a), scale, bias);
+        *w1 = fma16((f32x16)_mm512_cvtepi32_ps(b), scale, bias);
     }
 #else
-    /* elementwise: the compiler vectorizes what it can; the values are exact either way */
-    for (int j = 0; j < 16; j++) {
-        if (bits == 4) {
-            (*lo)[j] = (float)(p[j] & 15);
-            (*hi)[j] = (float)(p[j] >> 4);
-        } else {
-            (*lo)[j] = (float)p[j];
-            (*hi)[j] = (float)p[j + 16];
-        }
+    (void)table;
+    f32x16 lo, hi;
+    for (int j = 0; j < 16; j++) { /* the compiler vectorizes what it can */
+        lo[j] = (float)(bits == 4 ? p[j] & 15 : p[j]);
+        hi[j] = (float)(bits == 4 ? p[j] >> 4 : p[j + 16]);
     }
+    *w0 = fma16(lo, scale, bias);
+    *w1 = fma16(hi, scale, bias);
 #endif
 }
 
 /* One output column for `rows` rows (a constant where it is inlined, so the partial sums stay
  * in registers). xs holds the rows' inputs in code order: at 4 bits each 32 inputs as the 16
- * even ones, then the 16 odd ones (the nibbles' order). */
+ * even ones, then the 16 odd ones (the nibbles' order). A row keeps four vectors of partial
+ * sums, by the chunk's parity and half, so that four FMA chains run at once instead of one
+ * waiting on the last; they are added in a fixed order at the end. */
+static inline __attribute__((always_inline)) void chunk_rows(
+    const float *xs, int64_t x_stride, const int rows, int bits, int64_t group, int64_t i,
+    const uint8_t *codes, const float *scales, const float *biases, f32x16 acc[][4],
+    const int parity) {
+    const f32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const f32x16 scale = (f32x16){0} + scales[i / group];
+    const f32x16 bias = (f32x16){0} + biases[i / group];
+    f32x16 w0, w1;
+    dequantize_chunk(codes + i * bits / 8, bits, scale, bias, fma16(iota, scale, bias), &w0, &w1);
+    for (int r = 0; r < rows; r++) {
+        const float *x = xs + r * x_stride + i;
+        acc[r][parity] = fma16(load_f32x16(x), w0, acc[r][parity]);
+        acc[r][parity + 1] = fma16(load_f32x16(x + 16), w1, acc[r][parity + 1]);
+    }
+}
+
 static inline __attribute__((always_inline)) void column_rows(
     const float *xs, int64_t x_stride, const int rows, int64_t k, int bits, int64_t group,
     const uint8_t *codes, const float *scales, const float *biases, float *out,
     int64_t out_stride) {
-    f32x16 acc[ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = (f32x16){0};
-    const int64_t groups = k / group;
-    for (int64_t g = 0; g < groups; g++) {
-        const f32x16 scale = (f32x16){0} + scales[g];
-        const f32x16 bias = (f32x16){0} + biases[g];
-        for (int64_t i = g * group; i < (g + 1) * group; i += 32) {
-            f32x16 w0, w1;
-            codes_to_floats(codes + i * bits / 8, bits, &w0, &w1);
-            w0 = fma16(w0, scale, bias);
-            w1 = fma16(w1, scale, bias);
-            for (int r = 0; r < rows; r++) {
-                const float *x = xs + r * x_stride + i;
-                acc[r] = fma16(load_f32x16(x), w0, acc[r]);
-                acc[r] = fma16(load_f32x16(x + 16), w1, acc[r]);
-            }
-        }
+    f32x16 acc[ROWS][4];
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = (f32x16){0};
+    for (int64_t i = 0; i < k; i += 64) {  /* two 32-input chunks: even, then odd */
+        chunk_rows(xs, x_stride, rows, bits, group, i, codes, scales, biases, acc, 0);
+        if (i + 32 < k)
+            chunk_rows(xs, x_stride, rows, bits, group, i + 32, codes, scales, biases, acc, 2);
     }
-    for (int r = 0; r < rows; r++) out[r * out_stride] = fixed_tree_sum(acc[r]);
+    for (int r = 0; r < rows; r++)
+        out[r * out_stride] = fixed_tree_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
 }
 
 #define COLUMN(ROWS_)                                                                           \

@@ -87,6 +87,17 @@ class PackedWeight:
             self.group,
         )  # fmt: skip
 
+    def select(self, index: torch.Tensor) -> PackedWeight:
+        """The output rows `index` selects, still codes (a drafter's LM head over a subset of
+        the target's vocabulary)."""
+        return PackedWeight(
+            _words(self.codes)[index].view(self.codes.dtype).contiguous(),
+            self.scales[index].contiguous(),
+            self.biases[index].contiguous(),
+            self.bits,
+            self.group,
+        )
+
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         """The float rows `index` selects (an embedding lookup), indexed as int32 words (found
         on the H200: a packed embedding's first lookup failed for want of a uint32 kernel)."""
