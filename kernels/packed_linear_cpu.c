@@ -28,7 +28,7 @@ typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 
-#define ROWS 4        /* rows that share one dequantized weight vector */
+#define ROWS 6        /* rows that share one dequantized weight vector */
 #define COLUMN_TILE 8 /* output columns per unit of thread work */
 
 /* a * b + c, fused where the machine fuses (built with -ffp-contract=off, so the compiler
@@ -104,12 +104,10 @@ static inline void dequantize_chunk(const uint8_t *p, int bits, f32x16 scale, f3
  * sums, by the chunk's parity and half, so that four FMA chains run at once instead of one
  * waiting on the last; they are added in a fixed order at the end. */
 static inline __attribute__((always_inline)) void chunk_rows(
-    const float *xs, int64_t x_stride, const int rows, int bits, int64_t group, int64_t i,
-    const uint8_t *codes, const float *scales, const float *biases, f32x16 acc[][4],
-    const int parity) {
+    const float *xs, int64_t x_stride, const int rows, int bits, int64_t i, const uint8_t *codes,
+    float scale_g, float bias_g, f32x16 acc[][4], const int parity) {
     const f32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const f32x16 scale = (f32x16){0} + scales[i / group];
-    const f32x16 bias = (f32x16){0} + biases[i / group];
+    const f32x16 scale = (f32x16){0} + scale_g, bias = (f32x16){0} + bias_g;
     f32x16 w0, w1;
     dequantize_chunk(codes + i * bits / 8, bits, scale, bias, fma16(iota, scale, bias), &w0, &w1);
     for (int r = 0; r < rows; r++) {
@@ -126,10 +124,15 @@ static inline __attribute__((always_inline)) void column_rows(
     f32x16 acc[ROWS][4];
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = (f32x16){0};
-    for (int64_t i = 0; i < k; i += 64) {  /* two 32-input chunks: even, then odd */
-        chunk_rows(xs, x_stride, rows, bits, group, i, codes, scales, biases, acc, 0);
-        if (i + 32 < k)
-            chunk_rows(xs, x_stride, rows, bits, group, i + 32, codes, scales, biases, acc, 2);
+    /* 32-input chunks two at a time (even, then odd), the group counted along (no division) */
+    const int64_t per_group = group / 32;
+    int64_t g = 0, left = per_group;
+    for (int64_t i = 0; i < k; i += 64) {
+        chunk_rows(xs, x_stride, rows, bits, i, codes, scales[g], biases[g], acc, 0);
+        if (--left == 0) g++, left = per_group;
+        if (i + 32 >= k) break;
+        chunk_rows(xs, x_stride, rows, bits, i + 32, codes, scales[g], biases[g], acc, 2);
+        if (--left == 0) g++, left = per_group;
     }
     for (int r = 0; r < rows; r++)
         out[r * out_stride] = fixed_tree_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
@@ -145,9 +148,12 @@ COLUMN(1)
 COLUMN(2)
 COLUMN(3)
 COLUMN(4)
+COLUMN(5)
+COLUMN(6)
 typedef void (*column_fn)(const float *, int64_t, int, int64_t, const uint8_t *, const float *,
                           const float *, float *, int64_t);
-static const column_fn COLUMNS[ROWS + 1] = {0, column_1, column_2, column_3, column_4};
+static const column_fn COLUMNS[ROWS + 1] = {0, column_1, column_2, column_3, column_4,
+                                          column_5, column_6};
 
 /* x [m, k] -> xs [m, k] in code order (see column_rows). With glu, x is [m, 2k], a gate and
  * an up projection side by side, and the input is silu(gate) * up (the MLP's down projection). */
