@@ -5,7 +5,7 @@
  *
  * Batch invariance: every row's sum is the same sequence of float operations, whatever the
  * number of rows in the call, the row's place in it, the thread that computes its column or
- * the number of threads: 64 partial sums (four vectors) walk the inputs in order, each weight
+ * the number of threads: 32 partial sums (two vectors) walk the inputs in order, each weight
  * dequantized as scale * code + bias (exact in float32 for llama.cpp's fp16 scales and small
  * codes, so the weights lanes.packed.dequantize makes), then the partials are added in a fixed tree.
  * Rows share a dequantized weight vector ROWS at a time (prefill and verify read the codes once
@@ -29,6 +29,7 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 
 #define ROWS 6        /* rows that share one dequantized weight vector */
+#define COLS 2        /* columns that share one input vector */
 #define COLUMN_TILE 8 /* output columns per unit of thread work */
 
 /* a * b + c, fused where the machine fuses (built with -ffp-contract=off, so the compiler
@@ -98,64 +99,72 @@ static inline void dequantize_chunk(const uint8_t *p, int bits, f32x16 scale, f3
 #endif
 }
 
-/* One output column for `rows` rows (a constant where it is inlined, so the partial sums stay
- * in registers). xs holds the rows' inputs in code order: at 4 bits each 32 inputs as the 16
- * even ones, then the 16 odd ones (the nibbles' order). A row keeps four vectors of partial
- * sums, by the chunk's parity and half, so that four FMA chains run at once instead of one
- * waiting on the last; they are added in a fixed order at the end. */
-static inline __attribute__((always_inline)) void chunk_rows(
-    const float *xs, int64_t x_stride, const int rows, int bits, int64_t i, const uint8_t *codes,
-    float scale_g, float bias_g, f32x16 acc[][4], const int parity) {
+/* A tile of `rows` rows by `cols` output columns (constants where it is inlined, so the
+ * partial sums stay in registers). xs holds the rows' inputs in code order: at 4 bits each 32
+ * inputs as the 16 even ones, then the 16 odd ones (the nibbles' order). Every (row, column)
+ * keeps two vectors of partial sums, one per half of a chunk, each an FMA chain that walks the
+ * chunks in order; they are added in a fixed order at the end. The tile's shape only decides
+ * which chains run side by side (sharing a dequantized chunk across rows, an input vector
+ * across columns), never a chain's operations. A short last tile repeats its last column
+ * (computed, not stored). */
+static inline __attribute__((always_inline)) void tile(
+    const float *xs, int64_t x_stride, const int rows, const int cols, int64_t k, int bits,
+    int64_t group, const uint8_t *codes, int64_t code_stride, const float *scales,
+    const float *biases, int64_t groups, int valid_cols, float *out, int64_t out_stride) {
     const f32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const f32x16 scale = (f32x16){0} + scale_g, bias = (f32x16){0} + bias_g;
-    f32x16 w0, w1;
-    dequantize_chunk(codes + i * bits / 8, bits, scale, bias, fma16(iota, scale, bias), &w0, &w1);
-    for (int r = 0; r < rows; r++) {
-        const float *x = xs + r * x_stride + i;
-        acc[r][parity] = fma16(load_f32x16(x), w0, acc[r][parity]);
-        acc[r][parity + 1] = fma16(load_f32x16(x + 16), w1, acc[r][parity + 1]);
-    }
-}
-
-static inline __attribute__((always_inline)) void column_rows(
-    const float *xs, int64_t x_stride, const int rows, int64_t k, int bits, int64_t group,
-    const uint8_t *codes, const float *scales, const float *biases, float *out,
-    int64_t out_stride) {
-    f32x16 acc[ROWS][4];
+    f32x16 acc[ROWS][COLS][2];
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = (f32x16){0};
-    /* 32-input chunks two at a time (even, then odd), the group counted along (no division) */
+        for (int c = 0; c < cols; c++) acc[r][c][0] = acc[r][c][1] = (f32x16){0};
+    int64_t col[COLS];
+    for (int c = 0; c < cols; c++) col[c] = c < valid_cols ? c : valid_cols - 1;
     const int64_t per_group = group / 32;
-    int64_t g = 0, left = per_group;
-    for (int64_t i = 0; i < k; i += 64) {
-        chunk_rows(xs, x_stride, rows, bits, i, codes, scales[g], biases[g], acc, 0);
-        if (--left == 0) g++, left = per_group;
-        if (i + 32 >= k) break;
-        chunk_rows(xs, x_stride, rows, bits, i + 32, codes, scales[g], biases[g], acc, 2);
+    int64_t g = 0, left = per_group; /* the group counted along (no division per chunk) */
+    for (int64_t i = 0; i < k; i += 32) {
+        f32x16 w0[COLS], w1[COLS];
+        for (int c = 0; c < cols; c++) {
+            const f32x16 scale = (f32x16){0} + scales[col[c] * groups + g];
+            const f32x16 bias = (f32x16){0} + biases[col[c] * groups + g];
+            dequantize_chunk(codes + col[c] * code_stride + i * bits / 8, bits, scale, bias,
+                             fma16(iota, scale, bias), &w0[c], &w1[c]);
+        }
+        for (int r = 0; r < rows; r++) {
+            const f32x16 x0 = load_f32x16(xs + r * x_stride + i);
+            const f32x16 x1 = load_f32x16(xs + r * x_stride + i + 16);
+            for (int c = 0; c < cols; c++) {
+                acc[r][c][0] = fma16(x0, w0[c], acc[r][c][0]);
+                acc[r][c][1] = fma16(x1, w1[c], acc[r][c][1]);
+            }
+        }
         if (--left == 0) g++, left = per_group;
     }
     for (int r = 0; r < rows; r++)
-        out[r * out_stride] = fixed_tree_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
+        for (int c = 0; c < cols && c < valid_cols; c++)
+            out[r * out_stride + c] = fixed_tree_sum(acc[r][c][0] + acc[r][c][1]);
 }
 
-#define COLUMN(ROWS_)                                                                           \
-    static void column_##ROWS_(const float *xs, int64_t k, int bits, int64_t group,             \
-                               const uint8_t *codes, const float *scales, const float *biases, \
-                               float *out, int64_t out_stride) {                               \
-        column_rows(xs, k, ROWS_, k, bits, group, codes, scales, biases, out, out_stride);      \
+#define TILE(R, C)                                                                               \
+    static void tile_##R##x##C(const float *xs, int64_t k, int bits, int64_t group,              \
+                               const uint8_t *codes, int64_t code_stride, const float *scales,  \
+                               const float *biases, int64_t groups, int valid_cols, float *out, \
+                               int64_t out_stride) {                                            \
+        tile(xs, k, R, C, k, bits, group, codes, code_stride, scales, biases, groups,            \
+             valid_cols, out, out_stride);                                                      \
     }
-COLUMN(1)
-COLUMN(2)
-COLUMN(3)
-COLUMN(4)
-COLUMN(5)
-COLUMN(6)
-typedef void (*column_fn)(const float *, int64_t, int, int64_t, const uint8_t *, const float *,
-                          const float *, float *, int64_t);
-static const column_fn COLUMNS[ROWS + 1] = {0, column_1, column_2, column_3, column_4,
-                                          column_5, column_6};
+TILE(1, 1)
+TILE(2, 2)
+TILE(3, 2)
+TILE(4, 2)
+TILE(5, 2)
+TILE(6, 2)
+typedef void (*tile_fn)(const float *, int64_t, int, int64_t, const uint8_t *, int64_t,
+                        const float *, const float *, int64_t, int, float *, int64_t);
+/* one row alone walks one column at a time: the codes are then one forward stream, which the
+ * prefetcher keeps up with best; with more rows, two columns share each input vector */
+static const tile_fn TILES[ROWS + 1] = {0, tile_1x1, tile_2x2, tile_3x2, tile_4x2, tile_5x2,
+                                        tile_6x2};
+static const int TILE_COLS[ROWS + 1] = {0, 1, 2, 2, 2, 2, 2};
 
-/* x [m, k] -> xs [m, k] in code order (see column_rows). With glu, x is [m, 2k], a gate and
+/* x [m, k] -> xs [m, k] in code order (see tile). With glu, x is [m, 2k], a gate and
  * an up projection side by side, and the input is silu(gate) * up (the MLP's down projection). */
 static inline float input_at(const float *row, int64_t i, int64_t k, int glu) {
     if (!glu) return row[i];
@@ -197,9 +206,12 @@ int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uin
         const int64_t last = first + COLUMN_TILE < n ? first + COLUMN_TILE : n;
         for (int64_t r = 0; r < m; r += ROWS) {
             const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
-            for (int64_t c = first; c < last; c++)
-                COLUMNS[rows](scratch + r * k, k, bits, group, codes + c * code_stride,
-                              scales + c * groups, biases + c * groups, out + r * n + c, n);
+            for (int64_t c = first; c < last; c += TILE_COLS[rows]) {
+                const int valid = last - c < TILE_COLS[rows] ? (int)(last - c) : TILE_COLS[rows];
+                TILES[rows](scratch + r * k, k, bits, group, codes + c * code_stride,
+                            code_stride, scales + c * groups, biases + c * groups, groups,
+                            valid, out + r * n + c, n);
+            }
         }
     }
     return 0;
