@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -34,19 +35,42 @@ def _kernel():
     return fn
 
 
+def available() -> bool:
+    return _kernel() is not None
+
+
+@dataclass(frozen=True)
+class LaneRows:
+    """What the kernel needs of a forward's lanes, built once per forward (ExactOps.prepare)
+    rather than in each layer: per lane (first query row, queries, first position, the address
+    of its context's KV slots), the int64 slot tensors kept alive here."""
+
+    lanes: tuple[tuple[int, int, int, int], ...]
+    slots: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, batch: ForwardBatch) -> LaneRows:
+        slots = tuple(s.kv_slots.to(torch.int64).contiguous() for s in batch.seqs)
+        lanes = tuple(
+            (s.query_start, s.num_queries, s.first_position, t.data_ptr())
+            for s, t in zip(batch.seqs, slots, strict=True)
+        )
+        return cls(lanes, slots)
+
+
 def takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the kernel serves these: float32 on the CPU, a head size that is a multiple of
     16 up to 256, query heads a multiple of the KV heads, contiguous caches, a kernel built."""
     d = q.shape[-1]
     return (
-        q.device.type == "cpu"
+        _kernel() is not None
         and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        and q.device.type == "cpu"
         and d % 16 == 0
         and d <= MAX_HEAD_DIM
         and q.shape[1] % k_cache.shape[1] == 0
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
-        and _kernel() is not None
     )
 
 
@@ -54,17 +78,24 @@ def attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
 ) -> torch.Tensor:
     """q [num_tokens, heads, d]; caches [slots, kv_heads, d] -> [num_tokens, heads, d]
-    (`takes(q, k_cache, v_cache)` first)."""
+    (`takes(q, k_cache, v_cache)` first). batch.attn_meta may hold its LaneRows."""
     _, heads, d = q.shape
+    meta = batch.attn_meta if isinstance(batch.attn_meta, LaneRows) else LaneRows.of(batch)
     q = q.contiguous()
     out = torch.empty_like(q)
-    for seq in batch.seqs:
-        rows = slice(seq.query_start, seq.query_start + seq.num_queries)
-        slots = seq.kv_slots.to(torch.int64).contiguous()
-        status = _kernel()(
-            q[rows].data_ptr(), seq.num_queries, heads, k_cache.shape[1], d,
-            k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), seq.first_position,
-            d**-0.5, out[rows].data_ptr(),
+    row_bytes = heads * d * 4
+    q_ptr, out_ptr, k_ptr, v_ptr = (
+        q.data_ptr(),
+        out.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+    )
+    kernel, kv_heads, scale = _kernel(), k_cache.shape[1], d**-0.5
+    for start, num_queries, first_position, slots in meta.lanes:
+        offset = start * row_bytes
+        status = kernel(
+            q_ptr + offset, num_queries, heads, kv_heads, d, k_ptr, v_ptr, slots,
+            first_position, scale, out_ptr + offset,
         )  # fmt: skip
         if status != 0:
             raise MemoryError if status == -2 else ValueError(f"attention: q {tuple(q.shape)}")

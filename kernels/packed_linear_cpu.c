@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
 #elif defined(__aarch64__)
@@ -190,13 +191,15 @@ static void to_code_order(const float *x, float *xs, int64_t m, int64_t k, int b
 }
 
 /* out [m, n] = x [m, k] @ w.T, w [n, k] from codes [n, k * bits / 8], scales and biases
- * [n, k / group]; with glu, x [m, 2k] and the input silu(x[:, :k]) * x[:, k:]. scratch holds
- * m * k floats. bits 4 or 8; group a multiple of 32 dividing k. Returns 0, or -1 for arguments
- * it does not take (the caller checks them first). */
+ * [n, k / group]; with glu, x [m, 2k] and the input silu(x[:, :k]) * x[:, k:]. bits 4 or 8;
+ * group a multiple of 32 dividing k. Returns 0, -1 for arguments it does not take (the caller
+ * checks them first), -2 when out of memory. */
 int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uint8_t *codes,
                         const float *scales, const float *biases, int64_t n, int bits,
-                        int64_t group, float *scratch, float *out) {
+                        int64_t group, float *out) {
     if ((bits != 4 && bits != 8) || group % 32 != 0 || k % group != 0) return -1;
+    float *scratch = malloc(sizeof(float) * (size_t)(m * k));
+    if (scratch == NULL) return -2;
     to_code_order(x, scratch, m, k, bits, glu);
     const int64_t code_stride = k * bits / 8, groups = k / group;
     const int64_t tiles = (n + COLUMN_TILE - 1) / COLUMN_TILE;
@@ -214,5 +217,6 @@ int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uin
             }
         }
     }
+    free(scratch);
     return 0;
 }

@@ -25,9 +25,9 @@ def _kernel():
     if lib is None:
         return None
     fn = lib.lanes_packed_linear
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, i64, ctypes.c_int, p, p, p, i64, ctypes.c_int, i64, p, p]
-    fn.restype = ctypes.c_int
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn.argtypes = [p, i64, i64, i32, p, p, p, i64, i32, i64, p]
+    fn.restype = i32
     return fn
 
 
@@ -39,7 +39,14 @@ def available() -> bool:
 def takes(weight: PackedWeight) -> bool:
     """Whether the kernel serves this weight here: on the CPU, 4 or 8 bits, groups a multiple
     of 32 (GGUF's blocks, MLX's 32/64/128), float32 scales, a little-endian machine (the codes'
-    bytes are read in memory order) and a kernel that built."""
+    bytes are read in memory order) and a kernel that built. Decided once per weight."""
+    taken = weight.prepared.get("cpu")
+    if taken is None:
+        taken = weight.prepared["cpu"] = _arguments(weight) if _takes(weight) else False
+    return taken is not False
+
+
+def _takes(weight: PackedWeight) -> bool:
     return (
         weight.device.type == "cpu"
         and weight.bits in (4, 8)
@@ -51,25 +58,35 @@ def takes(weight: PackedWeight) -> bool:
     )
 
 
+def _arguments(weight: PackedWeight) -> tuple:
+    """The weight's part of every call: its tensors (kept alive here) and their addresses."""
+    tensors = tuple(t.contiguous() for t in (weight.codes, weight.scales, weight.biases))
+    n, k = weight.shape
+    return tensors, (n, k, weight.bits, weight.group, *(t.data_ptr() for t in tensors))
+
+
 def packed_linear(
     x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None, glu: bool = False
 ) -> torch.Tensor:
     """x [rows, in] float32 @ weight.T (+ bias) -> [rows, out] float32 (`takes(weight)` first).
     glu: x is [rows, 2 * in], gate and up side by side, and the input silu(gate) * up."""
-    n, k = weight.shape
-    if x.dtype != torch.float32 or x.shape[-1] != (2 * k if glu else k):
+    prepared = weight.prepared.get("cpu")
+    if not prepared:
+        if not takes(weight):
+            raise ValueError(f"packed linear: the CPU kernel does not take {weight.bits} bits")
+        prepared = weight.prepared["cpu"]
+    _, (n, k, bits, group, codes, scales, biases) = prepared
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != (2 * k if glu else k):
         raise ValueError(f"packed linear: x {tuple(x.shape)} {x.dtype}, weight [{n}, {k}]")
-    x = x.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
     m = x.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
-    scratch = torch.empty((m, k), dtype=torch.float32)
-    codes, scales, biases = (t.contiguous() for t in (weight.codes, weight.scales, weight.biases))
     status = _kernel()(
-        x.data_ptr(), m, k, glu, codes.data_ptr(), scales.data_ptr(), biases.data_ptr(), n,
-        weight.bits, weight.group, scratch.data_ptr(), out.data_ptr(),
-    )  # fmt: skip
+        x.data_ptr(), m, k, glu, codes, scales, biases, n, bits, group, out.data_ptr()
+    )
     if status != 0:
-        raise ValueError(f"packed linear: {weight.bits} bits, group {weight.group} not taken")
+        raise MemoryError if status == -2 else ValueError(f"packed linear: {bits} bits, {group}")
     return out if bias is None else out + bias
 
 

@@ -33,7 +33,7 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 
 def takes_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return _float32_cpu(x, weight) and x.shape[-1] % 16 == 0 and _lib() is not None
+    return x.dim() == 2 and x.shape[-1] % 16 == 0 and _float32_cpu(x, weight) and _lib() is not None
 
 
 def rms_norm(

@@ -10,6 +10,7 @@ implement the same interface on the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -247,6 +248,11 @@ class ExactOps(Ops):
         return super().attention_inputs(
             q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps
         )
+
+    def prepare(self, batch):
+        if batch.input_ids.device.type != "cpu" or not attention_cpu.available():
+            return batch
+        return dataclasses.replace(batch, attn_meta=attention_cpu.LaneRows.of(batch))
 
     def attention(self, q, k_cache, v_cache, batch):
         if attention_cpu.takes(q, k_cache, v_cache):  # the C kernel: one call per lane

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -53,6 +54,9 @@ class PackedWeight:
     biases: torch.Tensor
     bits: int
     group: int
+    # what a kernel derives once per weight and reuses every call (the CPU kernel's checks and
+    # arguments); never part of the weight's identity
+    prepared: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def shape(self) -> tuple[int, int]:
