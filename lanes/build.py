@@ -25,6 +25,7 @@ from lanes.engine import Engine
 from lanes.kernels import packed_linear_cpu
 from lanes.models import Checkpoint, build_decoder, open_checkpoint
 from lanes.models.decoder import Decoder
+from lanes.packed import PackedWeight
 from lanes.parallel import Comm, shard_config, shard_weights, worker_loop
 from lanes.runner import build_runner
 from lanes.warmup import prepare_device
@@ -77,9 +78,21 @@ def build_engine(
     runner = build_runner(decoder, max(1, budget // per_block), cfg, dtype)
     if proposer is None and (parallel is None or parallel.rank == 0):
         proposer = make_proposer(cfg.drafter, cfg, ckpt)
+    if cfg.cost_aware_drafts is None and _verify_rows_are_dear(decoder):
+        cfg = dataclasses.replace(cfg, cost_aware_drafts=True)
     engine = engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
     prepare_device(engine)  # graphs captured and samplers compiled before any request
     return engine
+
+
+def _verify_rows_are_dear(decoder: Decoder) -> bool:
+    """Whether the target's linears run on the CPU's C packed kernel. There each verified draft
+    costs about a quarter of a decode step (float32 FMAs, not weight bytes, bound a row), so
+    drafts are priced by their measured cost (EngineConfig.cost_aware_drafts; the engine's own
+    default covers CUDA): the shipped drafter went 61.0 -> 70.7 tok/s (bench/NOTES.md,
+    seventeenth session). The CPU's float path keeps k from acceptance alone, as measured there."""
+    qkv = decoder.weights.layers[0].qkv
+    return isinstance(qkv, PackedWeight) and packed_linear_cpu.takes(qkv)
 
 
 def _state_bytes(mc, lanes: int) -> int:
