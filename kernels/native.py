@@ -25,6 +25,7 @@ from pathlib import Path
 from lanes.config import cache_dir
 
 SOURCES = Path(__file__).resolve().parent
+CPU_SOURCES = ("packed_linear_cpu.c", "attention_cpu.c", "rows_cpu.c")  # exact mode's C kernels
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-Wno-psabi")
 log = logging.getLogger("lanes")
 

@@ -1,6 +1,7 @@
-"""Work done once when an engine is built on a GPU, so that no request pays for it: every lane
+"""Work done once when an engine is built, so that no request pays for it. On a GPU: every lane
 bucket's CUDA graph captured (decode, and the full verify when a drafter verifies through the
-target's graphs), the device rounds' buckets captured, and the sampling kernels compiled.
+target's graphs), the device rounds' buckets captured, and the sampling kernels compiled. On the
+CPU: the C kernels of exact mode built.
 
 Done lazily, each of these lands inside some round and stalls every lane running then: on the
 H200 a c64 run (bench/c64_rounds.py) had single rounds of 0.8-2.7 s where a graph was captured or
@@ -23,9 +24,11 @@ log = logging.getLogger("lanes")
 
 
 def prepare_device(engine: Engine) -> None:
-    """Capture and compile what the engine's rounds will need (CUDA, one process; a no-op
-    elsewhere or with EngineConfig.capture_at_start off)."""
+    """Capture and compile what the engine's rounds will need (CUDA, one process, unless
+    EngineConfig.capture_at_start is off; on the CPU in exact mode, build the C kernels)."""
     cfg = engine.config
+    if cfg.device == "cpu" and engine.ops.name == "exact":
+        build_cpu_kernels()
     if not cfg.device.startswith("cuda") or not cfg.capture_at_start or engine.comm is not None:
         return
     start = time.perf_counter()
@@ -50,6 +53,15 @@ def prepare_device(engine: Engine) -> None:
         captured,
         time.perf_counter() - start,
     )
+
+
+def build_cpu_kernels() -> None:
+    """Exact mode on the CPU: the C kernels built now (about a second each, once per machine:
+    kernels/native.py caches them), not inside the first request's forward."""
+    from lanes.kernels.native import CPU_SOURCES, load
+
+    for source in CPU_SOURCES:
+        load(source)
 
 
 def compile_samplers(vocab_size: int, device: str) -> None:
