@@ -7,52 +7,15 @@
  * the exponentials, their sum and the weighted values are accumulated key by key in ascending
  * position. No query ever sees how many other queries, lanes or threads share the call.
  *
- * Built at first use by kernels/native.py (see packed_linear_cpu.c for the vector types).
+ * Built at first use by kernels/native.py (vector_cpu.h: the vector type and its helpers).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#elif defined(__aarch64__)
-#include <arm_neon.h>
-#endif
 
-typedef float f32x16 __attribute__((vector_size(64)));
+#include "vector_cpu.h"
 
 #define MAX_HEAD_DIM 256 /* head_dim: a multiple of 16 up to this */
-
-static inline f32x16 fma16(f32x16 a, f32x16 b, f32x16 c) {
-#if defined(__AVX512F__)
-    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-    union halves { f32x16 v; __m256 h[2]; } ua = {a}, ub = {b}, uc = {c}, r;
-    for (int i = 0; i < 2; i++) r.h[i] = _mm256_fmadd_ps(ua.h[i], ub.h[i], uc.h[i]);
-    return r.v;
-#elif defined(__aarch64__)
-    union quarters { f32x16 v; float32x4_t q[4]; } ua = {a}, ub = {b}, uc = {c}, r;
-    for (int i = 0; i < 4; i++) r.q[i] = vfmaq_f32(uc.q[i], ua.q[i], ub.q[i]);
-    return r.v;
-#else
-    return a * b + c;
-#endif
-}
-
-static inline f32x16 load16(const float *p) {
-    f32x16 v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, f32x16 v) { __builtin_memcpy(p, &v, sizeof v); }
-
-static inline float fixed_tree_sum(f32x16 v) {
-    float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
-}
 
 static inline float dot(const float *a, const float *b, int d) {
     f32x16 acc = (f32x16){0};

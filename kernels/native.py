@@ -55,7 +55,11 @@ def load(source: str) -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found: the CPU serves packed weights on the slower torch path")
         return None
-    code = (SOURCES / source).read_bytes()
+    try:  # the source and the headers it may include
+        code = b"".join(f.read_bytes() for f in [SOURCES / source, *sorted(SOURCES.glob("*.h"))])
+    except OSError as e:
+        log.warning("%s: the torch path serves instead", e)
+        return None
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(
         b"\0".join(s.encode() if isinstance(s, str) else s for s in

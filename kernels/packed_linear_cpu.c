@@ -11,65 +11,19 @@
  * Rows share a dequantized weight vector ROWS at a time (prefill and verify read the codes once
  * per ROWS rows); that changes which rows are computed together, never a row's operations.
  *
- * Portable C with GCC/Clang vector extensions: the compiler maps a 16-float vector onto
- * whatever the machine has (one AVX-512 register, two AVX2 ones, four NEON ones). Built at first
- * use by kernels/native.py; threads come from OpenMP where the compiler has it.
+ * Portable C (vector_cpu.h) with an AVX-512 path for the 4-bit lookup. Built at first use by
+ * kernels/native.py; threads come from OpenMP where the compiler has it.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#elif defined(__aarch64__)
-#include <arm_neon.h>
-#endif
 
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
+#include "vector_cpu.h"
 
 #define ROWS 6        /* rows that share one dequantized weight vector */
 #define COLS 2        /* columns that share one input vector */
 #define COLUMN_TILE 8 /* output columns per unit of thread work */
-
-/* a * b + c, fused where the machine fuses (built with -ffp-contract=off, so the compiler
- * never decides this on its own, differently in different copies of a loop). */
-static inline f32x16 fma16(f32x16 a, f32x16 b, f32x16 c) {
-#if defined(__AVX512F__)
-    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-    union halves { f32x16 v; __m256 h[2]; } ua = {a}, ub = {b}, uc = {c}, r;
-    for (int i = 0; i < 2; i++) r.h[i] = _mm256_fmadd_ps(ua.h[i], ub.h[i], uc.h[i]);
-    return r.v;
-#elif defined(__aarch64__)
-    union quarters { f32x16 v; float32x4_t q[4]; } ua = {a}, ub = {b}, uc = {c}, r;
-    for (int i = 0; i < 4; i++) r.q[i] = vfmaq_f32(uc.q[i], ua.q[i], ub.q[i]);
-    return r.v;
-#else
-    return a * b + c;
-#endif
-}
-
-static inline f32x16 load_f32x16(const float *p) {
-    f32x16 v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline u8x16 load_u8x16(const uint8_t *p) {
-    u8x16 v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline float fixed_tree_sum(f32x16 v) {
-    float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
-}
 
 /* A group's 32-input chunk of weights, scale * code + bias: w0 for the 16 low nibbles of 16
  * bytes (4 bits) or 16 bytes (8 bits), w1 for the high nibbles or the next 16 bytes. `table`
@@ -129,8 +83,8 @@ static inline __attribute__((always_inline)) void tile(
                              fma16(iota, scale, bias), &w0[c], &w1[c]);
         }
         for (int r = 0; r < rows; r++) {
-            const f32x16 x0 = load_f32x16(xs + r * x_stride + i);
-            const f32x16 x1 = load_f32x16(xs + r * x_stride + i + 16);
+            const f32x16 x0 = load16(xs + r * x_stride + i);
+            const f32x16 x1 = load16(xs + r * x_stride + i + 16);
             for (int c = 0; c < cols; c++) {
                 acc[r][c][0] = fma16(x0, w0[c], acc[r][c][0]);
                 acc[r][c][1] = fma16(x1, w1[c], acc[r][c][1]);

@@ -5,50 +5,13 @@
  * Batch invariance: every row is computed alone, by the same operations in the same order (the
  * norm's sum of squares: 16 lanes, then a fixed tree), whatever the number of rows.
  *
- * Built at first use by kernels/native.py (see packed_linear_cpu.c for the vector types).
+ * Built at first use by kernels/native.py (vector_cpu.h: the vector type and its helpers).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#elif defined(__aarch64__)
-#include <arm_neon.h>
-#endif
 
-typedef float f32x16 __attribute__((vector_size(64)));
-
-static inline f32x16 fma16(f32x16 a, f32x16 b, f32x16 c) {
-#if defined(__AVX512F__)
-    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-    union halves { f32x16 v; __m256 h[2]; } ua = {a}, ub = {b}, uc = {c}, r;
-    for (int i = 0; i < 2; i++) r.h[i] = _mm256_fmadd_ps(ua.h[i], ub.h[i], uc.h[i]);
-    return r.v;
-#elif defined(__aarch64__)
-    union quarters { f32x16 v; float32x4_t q[4]; } ua = {a}, ub = {b}, uc = {c}, r;
-    for (int i = 0; i < 4; i++) r.q[i] = vfmaq_f32(uc.q[i], ua.q[i], ub.q[i]);
-    return r.v;
-#else
-    return a * b + c;
-#endif
-}
-
-static inline f32x16 load16(const float *p) {
-    f32x16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, f32x16 v) { memcpy(p, &v, sizeof v); }
-
-static inline float fixed_tree_sum(f32x16 v) {
-    float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
-}
+#include "vector_cpu.h"
 
 /* out[r] = weight * (s * rsqrt(mean(s^2) + eps)) with s = x[r] (+ residual[r], stored to
  * summed when given). Rows contiguous, dim a multiple of 16. */
