@@ -152,6 +152,7 @@ int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uin
                         const float *scales, const float *biases, int64_t n, int bits,
                         int64_t group, float *out) {
     if ((bits != 4 && bits != 8) || group % 32 != 0 || k % group != 0) return -1;
+    if (m == 0) return 0;
     float *scratch = malloc(sizeof(float) * (size_t)(m * k));
     if (scratch == NULL) return -2;
     to_code_order(x, scratch, m, k, bits, glu);

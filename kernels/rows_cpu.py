@@ -57,12 +57,13 @@ def rms_norm(
 
 def takes_rope_write(q, k, v, cos, k_cache, rope_dim: int) -> bool:
     """q, k, v [T, H, D] column views of one projection (rows apart by any stride, heads D
-    apart), k and v alike; contiguous float32 caches and tables."""
+    apart), k and v alike; contiguous float32 caches and tables cos, sin [T, rope_dim / 2]."""
     d = q.shape[-1]
     return (
         _float32_cpu(q, k, v, cos, k_cache)
         and all(t.stride(2) == 1 and t.stride(1) == d for t in (q, k, v))
         and k.stride(0) == v.stride(0)
+        and tuple(cos.shape) == (q.shape[0], rope_dim // 2)
         and cos.is_contiguous()
         and k_cache.is_contiguous()
         and rope_dim % 2 == 0

@@ -41,6 +41,12 @@ def test_packed_linear_matches_the_dequantized_weight(bits, group):
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
 
 
+def test_packed_linear_of_no_rows():
+    """A forward whose chunks want no logits hands the LM head zero rows."""
+    w = _packed(64, 128, 4, 32, torch.Generator().manual_seed(9))
+    assert packed_linear_cpu.packed_linear(torch.zeros((0, 128)), w).shape == (0, 64)
+
+
 def test_packed_linear_with_the_glu_input():
     """The down projection reading silu(gate) * up from the gate/up output directly."""
     gen = torch.Generator().manual_seed(7)
@@ -148,6 +154,7 @@ def test_rope_write_is_the_torch_steps(rope_dim):
     cos, sin = angles.cos(), angles.sin()
     slots = torch.tensor([9, 3, 0, 14, 5, 6, 11])
     caches = [torch.zeros((16, kv_heads, d)) for _ in range(4)]
+    assert rows_cpu.takes_rope_write(q, k, v, cos, caches[0], rope_dim)  # the C path, not torch
     ours = ExactOps().attention_inputs(q, k, v, cos, sin, *caches[:2], slots, rope_dim)
     theirs = Ops.attention_inputs(ExactOps(), q, k, v, cos, sin, *caches[2:], slots, rope_dim)
     assert torch.equal(ours, theirs)
