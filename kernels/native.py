@@ -70,7 +70,11 @@ def load(source: str) -> ctypes.CDLL | None:
         _build(cc, SOURCES / source, target)
     if not target.exists():
         return None
-    return ctypes.CDLL(str(target))
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as e:  # a library this machine cannot load (copied from another, say)
+        log.warning("loading %s failed (%s); the torch path serves instead", target, e)
+        return None
 
 
 def _build(cc: str, source: Path, target: Path) -> None:

@@ -183,6 +183,16 @@ def test_a_failed_build_is_reported_and_not_cached(monkeypatch, tmp_path, caplog
     assert not list((tmp_path / "native").glob("*.so"))
 
 
+def test_a_library_that_does_not_load_falls_back(monkeypatch, caplog):
+    def refuse(path):
+        raise OSError("wrong ELF class")
+
+    monkeypatch.setattr(native.ctypes, "CDLL", refuse)
+    with caplog.at_level(logging.WARNING, logger="lanes"):
+        assert native.load.__wrapped__("rows_cpu.c") is None
+    assert "wrong ELF class" in caplog.text
+
+
 def test_gguf_codes_stay_packed_by_default_only_where_the_c_kernel_serves_them():
     from lanes.build import keeps_gguf_packed
     from lanes.config import EngineConfig
