@@ -37,6 +37,12 @@ def compiler() -> str | None:
     return None
 
 
+@functools.cache  # asked once for all the kernels' keys
+def _version(cc: str) -> str:
+    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+
+
+@functools.cache
 def _cpu_identity() -> str:
     try:  # x86 "flags", arm "Features": the instruction sets -march=native picks from
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -60,10 +66,9 @@ def load(source: str) -> ctypes.CDLL | None:
     except OSError as e:
         log.warning("%s: the torch path serves instead", e)
         return None
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(
         b"\0".join(s.encode() if isinstance(s, str) else s for s in
-                   (code, version, _cpu_identity(), " ".join(_FLAGS), platform.machine()))
+                   (code, _version(cc), _cpu_identity(), " ".join(_FLAGS), platform.machine()))
     ).hexdigest()[:16]  # fmt: skip
     target = cache_dir() / "native" / f"{Path(source).stem}-{key}.so"
     if not target.exists():

@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights as codes (default: on the CPU in exact "
-        "mode, where a C kernel reads them; elsewhere the float weights are faster)",
+        "mode, where a C kernel reads them; elsewhere dequantized at load)",
     )
     gen.add_argument("--json", action="store_true", help="print token ids and text as JSON")
     gen.set_defaults(run=_generate)
@@ -529,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="keep a .gguf's Q4_0/Q4_1/Q8_0 weights as codes (default: on the CPU in exact "
-        "mode, where a C kernel reads them; elsewhere the float weights are faster)",
+        "mode, where a C kernel reads them; elsewhere dequantized at load)",
     )
     model.add_argument(
         "--tensor-parallel",

@@ -379,10 +379,12 @@ class EngineConfig:
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)
     # with adaptive_drafts: k (0 = none) from measured round costs and acceptance
-    # (lanes/draft_costs.py); False: k from acceptance alone. None: on (bench/RESULTS.md): on
-    # the H200 it keeps a drafter that does not pay from slowing batch 1 (0.74x -> 0.95x); on
-    # the CPU with the C kernels, where a verify row costs ~a quarter of a decode step, the
-    # shipped drafter went 61.0 -> 70.7 tok/s (bench/NOTES.md, seventeenth session)
+    # (lanes/draft_costs.py); False: k from acceptance alone. None: on CUDA, where it keeps a
+    # drafter that does not pay from slowing batch 1 (H200: 0.74x -> 0.95x, bench/RESULTS.md),
+    # and on the CPU where the C packed kernel serves the target (lanes.build sets it there: a
+    # verify row costs ~a quarter of a decode step; the shipped drafter went 61.0 -> 70.7
+    # tok/s, bench/NOTES.md, seventeenth session); off on the CPU's float path, where it
+    # drafted less where drafting paid (1.15x -> 1.07x)
     cost_aware_drafts: bool | None = None
     verify_mode: str = "coupled"  # "coupled" (output == undrafted) or "rejection"
     draft_kv_cache_bytes: int = 128 * 2**20  # the model drafter's own KV pool

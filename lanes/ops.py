@@ -197,19 +197,24 @@ def weight_major_is_invariant(n: int, k: int, dtype: torch.dtype) -> bool:
     )
 
 
+def _on_packed_kernel(x: torch.Tensor, weight) -> bool:
+    """Whether the C kernel reads this weight's 4/8-bit codes straight from memory (a row's
+    bits never depend on the call's other rows there either); else Ops.linear's dequantized
+    tiles."""
+    return isinstance(weight, PackedWeight) and x.dtype == torch.float32 and takes(weight)
+
+
 class ExactOps(Ops):
     name = "exact"
     is_batch_invariant = True
 
     def linear(self, x, weight, bias=None):
-        # 4/8-bit codes straight from memory where the C kernel serves them (a row's bits never
-        # depend on the call's other rows there either); else dequantized tiles, as the base
-        if isinstance(weight, PackedWeight) and x.dtype == torch.float32 and takes(weight):
+        if _on_packed_kernel(x, weight):
             return packed_linear(x, weight, bias)
         return super().linear(x, weight, bias)
 
     def glu_linear(self, gate_up, weight):
-        if isinstance(weight, PackedWeight) and gate_up.dtype == torch.float32 and takes(weight):
+        if _on_packed_kernel(gate_up, weight):
             return packed_linear(gate_up, weight, glu=True)  # silu * up as the kernel reads x
         return super().glu_linear(gate_up, weight)
 
