@@ -178,8 +178,10 @@ class AsyncEngine:
         return report
 
     def cancel(self, request_id: int) -> None:
+        """Cancel a request still open (a no-op for one that ended: nothing to remember)."""
         with self._cancel_lock:
-            self._cancelled.add(request_id)
+            if request_id in self._open:
+                self._cancelled.add(request_id)
 
     def cancel_all(self) -> None:
         """Cancel every request in flight (shutdown); safe from any thread. Each request gets

@@ -42,6 +42,15 @@ def _compile(source: str):
     return _environment().from_string(source)
 
 
+def check_template(source: str) -> None:
+    """A ChatTemplateError where a template does not compile, or fails on a plain chat."""
+    try:
+        _compile(source)
+    except TemplateError as e:
+        raise ChatTemplateError(f"the chat template does not compile: {e}") from e
+    render_chat(source, [{"role": "user", "content": "hi"}])
+
+
 @lru_cache(maxsize=8)
 def takes_tools(template: str | None) -> bool:
     """Whether the template renders a `tools` list itself (Qwen's, Llama 3.1's, Hermes'...)."""

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 
@@ -61,7 +62,6 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import logging
     import random
-    from pathlib import Path
 
     from lanes.build import build_engine
     from lanes.config import EngineConfig, api_key_from_env
@@ -82,6 +82,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.seed is not None:  # the seeds drawn for unseeded sampled requests repeat run to run
         random.seed(args.seed)
     device = args.device or ("cuda" if _cuda() else "cpu")
+    if device.startswith("cuda") and not _cuda():
+        raise _CliError(f"--device {device}: this machine has no CUDA device (try --device cpu)")
     kv_bytes = args.kv_cache_bytes
     if args.gpu_memory_utilization is not None:
         if kv_bytes is not None:
@@ -98,19 +100,21 @@ def _serve(args: argparse.Namespace) -> int:
         num_draft_tokens=num_drafts,
         prefill_share=args.prefill_share,
         max_lanes=args.max_lanes,
-        max_tokens_per_round=args.max_tokens_per_round or EngineConfig.max_tokens_per_round,
+        max_tokens_per_round=(
+            EngineConfig.max_tokens_per_round
+            if args.max_tokens_per_round is None
+            else args.max_tokens_per_round
+        ),
         prompt_cache_bytes=args.prompt_cache_bytes,
         state_snapshot_bytes=args.state_snapshot_bytes,
-        kv_cache_bytes=kv_bytes or 512 * 2**20,
+        kv_cache_bytes=_fits_memory(512 * 2**20 if kv_bytes is None else kv_bytes, device),
         overlap=args.overlap,
         device_rounds=args.device_rounds,
         max_model_len=args.max_model_len,
         gguf_packed=args.gguf_packed,
     )
     names = args.served_model_name or [model or "SmolLM2-135M-Instruct"]
-    template = args.chat_template
-    if template is not None and Path(template).is_file():
-        template = Path(template).read_text()
+    template = None if args.chat_template is None else chat_template_text(args.chat_template)
 
     def serve(engine, **options) -> None:
         if template is not None:
@@ -126,6 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=not args.disable_uvicorn_access_log,
         log_requests=not args.disable_log_requests,
         allowed_origins=args.allowed_origins,
+        report_cached_tokens=args.enable_prompt_tokens_details,
     )
     if args.tensor_parallel > 1:
         import functools
@@ -211,6 +216,66 @@ def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
     return size(args.gpu_memory_utilization, total, weight_bytes)
 
 
+def chat_template_text(given: str) -> str:
+    """--chat-template: a file's text, or the template itself; checked that it compiles. A path
+    that names nothing (a typo) is an error, never a template that renders as that path."""
+    from pathlib import Path
+
+    from lanes.chat import check_template
+
+    path = Path(given)
+    if "{{" not in given and "{%" not in given:  # not a template: it must be a file
+        try:
+            given = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _CliError(f"--chat-template {given[:200]}: not a readable file ({e})") from e
+    try:
+        check_template(given)
+    except ValueError as e:
+        raise _CliError(f"--chat-template: {e}") from e
+    return given
+
+
+def _fits_memory(kv_bytes: int, device: str) -> int:
+    """The KV pool's bytes, refused where the device does not have them at all."""
+    import torch
+
+    if device.startswith("cuda"):
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if kv_bytes > total:
+        raise _CliError(
+            f"--kv-cache-bytes {kv_bytes} is more than the {device} memory ({total} bytes)"
+        )
+    return kv_bytes
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r:.40}") from e
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r:.40}")
+    return text
+
+
 def _origins(text: str) -> tuple[str, ...]:
     """--allowed-origins as vLLM takes it (a JSON list) or comma-separated."""
     import json
@@ -233,7 +298,8 @@ def serve_engine(
     allow_special_tokens: bool = False,
     access_log: bool = True,
     log_requests: bool = True,
-    allowed_origins: tuple[str, ...] = ("*",),
+    allowed_origins: tuple[str, ...] = (),
+    report_cached_tokens: bool = False,
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -250,6 +316,7 @@ def serve_engine(
         allow_special_tokens=allow_special_tokens,
         allowed_origins=allowed_origins,
         log_requests=log_requests,
+        report_cached_tokens=report_cached_tokens,
     )
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(
@@ -523,7 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
-    model.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    model.add_argument(
+        "--device", type=_device, default=None, help="cpu or cuda (default: cuda if present)"
+    )
     model.add_argument(
         "--gguf-packed",
         action=argparse.BooleanOptionalAction,
@@ -535,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor-parallel",
         "--tensor-parallel-size",
         "-tp",
-        type=int,
+        type=_positive_int,
         default=1,
         help="ranks (processes; one GPU each on CUDA)",
     )
@@ -562,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument(
         "--max-tokens-per-round",
         "--max-num-batched-tokens",
-        type=int,
+        type=_positive_int,
         default=None,
         help="tokens (decode rows and prompt chunks) one round may carry (default 2048)",
     )
@@ -592,17 +661,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="hybrid (Qwen3.5) models: recurrent-state snapshots kept for cached prefixes",
     )
     http.add_argument("--host", default="127.0.0.1")
-    http.add_argument("--port", type=int, default=8000)
+    http.add_argument("--port", type=_port, default=8000)
     http.add_argument(
         "--api-key",
+        nargs="+",
         default=None,
-        help="require 'Authorization: Bearer KEY' (default: $LANES_API_KEY, else no key)",
+        help="require 'Authorization: Bearer KEY', one of these keys; each key's requests see "
+        "only their own prompt cache entries (default: $LANES_API_KEY, comma-separated, else no "
+        "key)",
     )
     http.add_argument(
         "--allowed-origins",
         type=_origins,
-        default=("*",),
-        help='browser origins CORS lets in: a JSON list or comma-separated (default: any, "*")',
+        default=(),
+        help='browser origins CORS lets in: a JSON list or comma-separated, "*" for any '
+        "(default: none, so no web page can drive the server)",
+    )
+    http.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (off by default: it tells a "
+        "client which prompt prefixes others sent; see docs/serving.md)",
     )
     http.add_argument(
         "--allow-special-tokens",

@@ -41,9 +41,11 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
-def api_key_from_env() -> str | None:
-    """The server's API key from $LANES_API_KEY (kept off the command line, where `ps` shows it)."""
-    return os.environ.get("LANES_API_KEY") or None
+def api_key_from_env() -> list[str] | None:
+    """The server's API keys from $LANES_API_KEY, comma-separated (kept off the command line,
+    where `ps` shows it)."""
+    keys = [k.strip() for k in os.environ.get("LANES_API_KEY", "").split(",") if k.strip()]
+    return keys or None
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,14 @@ from lanes.draft_costs import (
     DraftCosts,
 )
 from lanes.drafter import Proposer
-from lanes.grammar import GrammarCompiler, apply_mask
+from lanes.grammar import GrammarCompiler, GrammarFailed, apply_mask
 from lanes.inflight import InFlight, launch_samples
 from lanes.lane import Lane, LaneState
 from lanes.launched_chunks import LaunchedChunks
 from lanes.metrics import EngineMetrics, RoundRecord, add_counts
 from lanes.models import Checkpoint
 from lanes.penalties import RowContext, process_logits, process_rows
+from lanes.prompt_bounds import check_prompt_chars
 from lanes.recurrent import RecurrentStates
 from lanes.round_clock import RoundClock
 from lanes.rounds import LaneRound, Step, lane_rows, plan_round
@@ -237,6 +238,10 @@ class Engine:
             cache_salt.encode()
         except UnicodeEncodeError as e:
             raise RequestError("cache_salt is not valid Unicode (an unpaired surrogate)") from e
+        try:  # before tokenizing: a text too long for the context costs nothing to refuse
+            check_prompt_chars(prompt, self.context_len, self.tokenizer.max_token_chars)
+        except ValueError as e:
+            raise RequestError(str(e)) from e
         ids = self.encode(prompt)
         vocab = self.model_config.vocab_size
         if not ids:
@@ -666,7 +671,11 @@ class Engine:
         log.error("request %d failed: %s", lane.request_id, error, exc_info=error)
         self.metrics.num_failures += 1
         lane.finish_reason = "error"
-        lane.error = type(error).__name__  # what the client sees; the log has the message
+        # what the client sees: the type (the log has the message), and why where it is the
+        # request's own doing
+        lane.error = type(error).__name__
+        if isinstance(error, GrammarFailed):
+            lane.error += f": {error}"
         return self._end(lane, LaneState.CANCELLED)
 
     def _isolated(

@@ -9,6 +9,12 @@ a grammar. A draft the grammar forbids is simply rejected: its row's sample come
 logits and cannot equal it.
 
 JSON is compact (no whitespace between tokens of the JSON): a model cannot stall on spaces.
+
+Compiling is contained: a grammar past lanes.grammar_limits' bounds is refused before it reaches
+the engine, the rest compile on threads with a large stack (lanes/deep_stack.py) within a
+timeout, and llguidance's parser limits bound each mask's work. A matcher that hits a limit while
+generating raises GrammarFailed: the lane ends with finish_reason "error", never "stop" with
+output that breaks its grammar.
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from lanes.deep_stack import DeepStackThreads
+from lanes.grammar_limits import GrammarTooLarge, check_rules, check_schema, check_size
+
+COMPILE_TIMEOUT_S = 10.0  # a grammar still compiling after this is the request's 400
+COMPILE_THREADS = 2
 
 KINDS = (
     "json_schema",
@@ -51,10 +63,18 @@ class Grammar:
         return cls("choice", json.dumps(list(choices)))
 
 
+class GrammarFailed(RuntimeError):
+    """The grammar engine stopped while generating (a limit hit, an inconsistent grammar): the
+    lane cannot go on and must not end as if its output matched."""
+
+
 def _llguidance_text(grammar: Grammar) -> str:
+    """The grammar in llguidance's form, after the bounds of lanes.grammar_limits."""
     import llguidance
 
+    check_size(grammar.kind, grammar.source)
     if grammar.kind == "json_schema":
+        check_schema(json.loads(grammar.source))
         return llguidance.LLMatcher.grammar_from_json_schema(
             grammar.source, {"whitespace_flexible": False}
         )
@@ -64,6 +84,8 @@ def _llguidance_text(grammar: Grammar) -> str:
         return llguidance.LLMatcher.grammar_from_lark(grammar.source)
     if grammar.kind == "grammar":
         from llguidance.gbnf_to_lark import any_to_lark
+
+        check_rules(grammar.source)
 
         try:  # Lark as it is (a `start:` rule), GBNF (`root ::= ...`) converted to it
             lark = any_to_lark(grammar.source)
@@ -88,20 +110,47 @@ class GrammarCompiler:
         self._tokenizer = llguidance.LLTokenizer(
             tokenizer_json, n_vocab=vocab_size, eos_token=sorted(eos_ids)
         )
+        # llguidance's defaults, with error messages that do not echo the grammar back
+        self._limits = llguidance.LLParserLimits(verbose_errors=False)
+        self._threads = DeepStackThreads(COMPILE_THREADS, "lanes-grammar")
 
     def cursor(self, grammar: Grammar) -> GrammarCursor:
         """A fresh matcher for one lane; a ValueError naming what is wrong with a grammar that
-        does not compile (an unknown schema type, a regex that does not parse)."""
+        does not compile (an unknown schema type, a regex that does not parse, a bound of
+        lanes.grammar_limits passed, a limit hit at the first token, a compile too slow)."""
+        try:
+            matcher = self._threads.run(lambda: self._compile(grammar), COMPILE_TIMEOUT_S)
+        except TimeoutError as e:
+            raise ValueError(
+                f"the {grammar.kind} took over {COMPILE_TIMEOUT_S:g} s to compile"
+            ) from e
+        return GrammarCursor(matcher, self.vocab_size, self._tokenizer.eos_tokens)
+
+    def _compile(self, grammar: Grammar):
+        """On a deep-stack thread: the matcher, its first mask computed (where many limits
+        show), or a ValueError."""
         import llguidance
 
         try:
             text = _llguidance_text(grammar)
+        except RecursionError as e:  # the converters are Python, and recursive
+            raise ValueError(f"the {grammar.kind} nests too deep to compile") from e
+        except GrammarTooLarge:
+            raise
         except ValueError as e:
-            raise ValueError(f"the {grammar.kind} is not valid: {str(e)[:300]}") from e
-        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
+            raise ValueError(f"the {grammar.kind} is not valid: {_brief(str(e))}") from e
+        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=self._limits)
+        if not matcher.is_error():
+            matcher.compute_bitmask()
         if matcher.is_error():
-            raise ValueError(f"the {grammar.kind} is not valid: {matcher.get_error()[:300]}")
-        return GrammarCursor(matcher, self.vocab_size, self._tokenizer.eos_tokens)
+            raise ValueError(f"the {grammar.kind} is not valid: {_brief(matcher.get_error())}")
+        return matcher
+
+
+def _brief(message: str) -> str:
+    """An error's first line, short: llguidance's panics carry backtraces, and a parse error
+    quotes the grammar it was given."""
+    return message.strip().splitlines()[0][:200] if message.strip() else "unknown error"
 
 
 class GrammarCursor:
@@ -120,6 +169,8 @@ class GrammarCursor:
         (an EOS kept by ignore_eos) nothing is left to allow: EOS then, never an empty row."""
         self._move_to(list(output_ids))
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        if self._matcher.is_error():  # its mask is then EOS only: not an end the grammar allows
+            raise GrammarFailed(f"the grammar engine stopped: {_brief(self._matcher.get_error())}")
         mask = np.unpackbits(bits, bitorder="little")[: self._vocab_size].astype(bool)
         if mask.shape[0] < self._vocab_size:  # ids past the tokenizer's: never allowed
             mask = np.concatenate([mask, np.zeros(self._vocab_size - mask.shape[0], bool)])

@@ -9,6 +9,7 @@ from typing import Any
 
 from lanes.chat import Chat
 from lanes.grammar import Grammar
+from lanes.grammar_limits import MAX_SCHEMA_DEPTH, GrammarTooLarge, check_schema
 from lanes.sampling import SamplingParams
 from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
 
@@ -160,20 +161,7 @@ def parse_request(
         if body.get(name) not in (None, neutral, [], {}):
             raise ApiError(f"'{name}' is not supported by lanes", name)
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError("'messages' must be a non-empty list", "messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise ApiError(f"messages[{i}] needs a string 'role'", "messages")
-            if m["role"] not in ROLES:
-                raise ApiError(
-                    f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m['role'][:40]!r}",
-                    "messages",
-                )
-            if m["role"] == "assistant" and m.get("tool_calls") and m.get("content") is None:
-                m["content"] = ""  # a turn that only called tools
-            m["content"] = _text_content(m.get("content"), i)
+        messages = parse_messages(body.get("messages"))
         try:
             tools = parse_tools(body)
             prompts: list[Any] = [messages_with_tools(messages, tools, native_tools)]
@@ -259,6 +247,31 @@ def parse_request(
     )
 
 
+def parse_messages(messages: Any) -> list[dict]:
+    """A chat's messages checked (what chat completions and /tokenize take alike): a non-empty
+    list of objects with a known role, text content, and tool_calls a list where given."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(f"messages[{i}] needs a string 'role'", "messages")
+        if m["role"] not in ROLES:
+            raise ApiError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m['role'][:40]!r}",
+                "messages",
+            )
+        m = dict(m)
+        calls = m.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise ApiError(f"messages[{i}].tool_calls must be a list of tool calls", "messages")
+        if m["role"] == "assistant" and calls and m.get("content") is None:
+            m["content"] = ""  # a turn that only called tools
+        m["content"] = _text_content(m.get("content"), i)
+        out.append(m)
+    return out
+
+
 def _grammar(body: dict, tools: Tools | None) -> Grammar | None:
     """The structured output a request asks for: OpenAI's response_format (json_object,
     json_schema), vLLM's structured_outputs (json, regex, choice) or its older guided_* fields,
@@ -294,10 +307,16 @@ def _grammar(body: dict, tools: Tools | None) -> Grammar | None:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
+            except RecursionError as e:
+                raise ApiError(f"'{name}' nests deeper than {MAX_SCHEMA_DEPTH} levels", name) from e
             except ValueError as e:
                 raise ApiError(f"'{name}' is not a JSON schema: {str(e)[:100]}", name) from e
         if not isinstance(value, dict):
             raise ApiError(f"'{name}' must be a JSON schema object", name)
+        try:
+            check_schema(value)  # before anything walks it recursively
+        except GrammarTooLarge as e:
+            raise ApiError(str(e), name) from e
         return Grammar.json_schema(value)
     if kind == "regex":
         if not isinstance(value, str) or not value:

@@ -19,6 +19,9 @@ from lanes.grammar import Grammar
 _MASK32 = 0xFFFFFFFF
 
 
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 64
@@ -60,14 +63,20 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty < float("inf"):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        # logits are divided or multiplied by it: past these bounds float32 logits overflow
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
+                f"{MAX_REPETITION_PENALTY}], got {self.repetition_penalty}"
+            )
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if any(t < 0 or not -100 <= b <= 100 for t, b in self.logit_bias):
             raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+        if len({t for t, _ in self.logit_bias}) < len(self.logit_bias):
+            raise ValueError("logit_bias names a token id twice (as '5' and '05', say)")
         if self.grammar is not None and self.min_tokens:
             # a finished grammar allows only EOS, which min_tokens would hold back
             raise ValueError("min_tokens cannot be combined with a structured output")

@@ -4,6 +4,7 @@ JSON, `--gpu-memory-utilization`; each bad value is a one-line error naming the 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -19,7 +20,10 @@ def parse_bytes(text: str) -> int:
     m = _BYTES.fullmatch(text)
     if m is None:
         raise ValueError(f"{text!r} is not a byte size (e.g. 1073741824, 1GiB, 512MiB, 2G)")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    value = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+    if not math.isfinite(value) or value >= 2**63:
+        raise ValueError(f"{text!r} is more bytes than any machine has")
+    return int(value)
 
 
 def speculative_options(text: str) -> tuple[str, int | None]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import generate_latest
 from starlette.applications import Starlette
@@ -51,6 +53,9 @@ log = logging.getLogger("lanes")
 
 MAX_BODY_BYTES = 4 * 2**20
 BODY_TIMEOUT_S = 30.0  # a client gets this long to send its whole request body
+# Threads that parse bodies, tokenize and compile grammars: a burst of big requests queues here,
+# beside the event loop (/health, streams) and the engine thread rather than in their way.
+INTAKE_THREADS = 4
 
 
 def error_response(e: ApiError) -> JSONResponse:
@@ -60,17 +65,22 @@ def error_response(e: ApiError) -> JSONResponse:
 def build_app(
     engine: Engine,
     model_name: str | Sequence[str],
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     *,
     allow_special_tokens: bool = False,
     body_timeout: float = BODY_TIMEOUT_S,
-    allowed_origins: tuple[str, ...] = ("*",),
+    allowed_origins: tuple[str, ...] = (),
     log_requests: bool = True,
+    report_cached_tokens: bool = False,
 ) -> Starlette:
     """The app. model_name: the id clients send, or several (vLLM's --served-model-name a b):
-    any is accepted and echoed back, the first labels the metrics. allowed_origins: the browser
-    origins CORS lets in (vLLM's default: any). log_requests: a log line per request as it ends
-    (id, outcome, tokens, TTFT, duration)."""
+    any is accepted and echoed back, the first labels the metrics. api_key: one key or several;
+    each key's requests see only the prompt cache entries of that key. allowed_origins: the
+    browser origins CORS lets in (none unless given: a web page must not drive a loopback
+    server). log_requests: a log line per request as it ends (id, outcome, tokens, TTFT,
+    duration). report_cached_tokens: usage.prompt_tokens_details.cached_tokens in responses
+    (vLLM's --enable-prompt-tokens-details); off by default, as it tells a client which prompt
+    prefixes others sent (docs/serving.md)."""
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model names must be non-empty strings, got {model_name!r}")
@@ -79,6 +89,12 @@ def build_app(
     runner = AsyncEngine(engine)
     metrics = ServerMetrics(model_name)
     control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    intake = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="lanes-intake")
+
+    async def off_loop(call, *args):
+        """call(*args) on an intake thread."""
+        return await asyncio.get_running_loop().run_in_executor(intake, call, *args)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -87,17 +103,22 @@ def build_app(
             yield
         finally:
             await asyncio.to_thread(runner.stop)
+            intake.shutdown(wait=False, cancel_futures=True)
 
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+    def check_key(request: Request) -> str:
+        """The prompt-cache salt of the request's key ("" without keys), or a 401."""
+        if not keys:
+            return ""
+        given = request.headers.get("authorization", "").encode()
+        matched = [k for k in keys if hmac.compare_digest(given, f"Bearer {k}".encode())]
+        if not matched:
             raise ApiError("invalid or missing API key", status=401, kind="authentication_error")
+        return key_salt(matched[0])
 
     async def read_json(request: Request) -> dict:
         kind = request.headers.get("content-type")
-        if kind is not None and not kind.split(";")[0].strip().lower().endswith("json"):
+        media = (kind or "application/json").split(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
             raise ApiError(f"Content-Type must be application/json, not {kind[:60]!r}", status=415)
         try:
             size = int(request.headers.get("content-length") or 0)
@@ -118,7 +139,7 @@ def build_app(
             raw = await asyncio.wait_for(read(), body_timeout)
         except TimeoutError as e:
             raise ApiError(f"the request body took over {body_timeout:g} s", status=408) from e
-        return await asyncio.to_thread(decode_body, raw)  # up to 4 MiB: off the event loop
+        return await off_loop(decode_body, raw)  # up to 4 MiB: off the event loop
 
     async def completions(request: Request) -> Response:
         return await handle(request, chat=False)
@@ -126,13 +147,12 @@ def build_app(
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
 
-    def lanes_for(parsed: ParsedRequest, chat: bool) -> list:
+    def lanes_for(parsed: ParsedRequest, chat: bool, salt: str) -> list:
         """Every choice's lane, validated and tokenized (off the event loop and the engine)."""
         if chat:
             refuse_control_tokens(parsed.prompts[0], control_tokens)
-        per_choice = [
-            (p, params, parsed.cache_salt) for p in parsed.prompts for params in parsed.params
-        ]
+        salt += parsed.cache_salt
+        per_choice = [(p, params, salt) for p in parsed.prompts for params in parsed.params]
         lanes = runner.make_lanes(per_choice)
         if parsed.max_tokens_given:
             for lane in lanes:
@@ -141,7 +161,7 @@ def build_app(
 
     async def handle(request: Request, chat: bool) -> Response:
         try:
-            check_key(request)
+            salt = check_key(request)
             body = await read_json(request)
             wanted = body.get("model")
             if wanted is not None and wanted not in names:
@@ -153,7 +173,7 @@ def build_app(
                 )
             native = takes_tools(engine.tokenizer.chat_template)
             parsed = parse_request(body, chat, engine.context_len, native)
-            lanes = await asyncio.to_thread(lanes_for, parsed, chat)
+            lanes = await off_loop(lanes_for, parsed, chat, salt)
             handles = runner.submit_lanes(lanes)  # all at once: cancelled together, too
         except ApiError as e:
             return error_response(e)
@@ -174,6 +194,7 @@ def build_app(
             metrics,
             engine.fingerprint,
             log_requests,
+            report_cached_tokens,
         )
         if parsed.stream:
             return StreamingResponse(ctx.sse(), media_type="text/event-stream")
@@ -208,9 +229,13 @@ def build_app(
         try:
             check_key(request)
             body = await read_json(request)
-            out = await asyncio.to_thread(answer, body)
+            out = await off_loop(answer, body)
         except ApiError as e:
             return error_response(e)
+        except Exception:  # a bug met on this body: it alone fails, as JSON
+            log.exception("%s failed", request.url.path)
+            message = "internal error; the server log has the details"
+            return error_response(ApiError(message, status=500, kind="server_error"))
         return JSONResponse(out)
 
     async def tokenize_route(request: Request) -> Response:
@@ -250,7 +275,9 @@ def build_app(
 
     async def http_error(request: Request, e: HTTPException) -> Response:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        message = f"{request.method} {request.url.path}: {e.detail}"
+        path = request.url.path
+        path = path if len(path) <= 80 else path[:80] + "..."  # a 1 MB path is not echoed
+        message = f"{request.method} {path}: {e.detail}"
         return error_response(ApiError(message, status=e.status_code, kind=kind))
 
     async def server_error(request: Request, e: Exception) -> Response:
@@ -272,18 +299,28 @@ def build_app(
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
-        middleware=[
-            Middleware(RequestIdHeader),
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(allowed_origins),
-                allow_methods=["*"],
-                allow_headers=["*"],
-            ),
-        ],
+        middleware=[Middleware(RequestIdHeader)]
+        + (
+            [
+                Middleware(
+                    CORSMiddleware,
+                    allow_origins=list(allowed_origins),
+                    allow_methods=["*"],
+                    allow_headers=["*"],
+                )
+            ]
+            if allowed_origins
+            else []
+        ),
     )
     app.state.runner = runner
     return app
+
+
+def key_salt(api_key: str) -> str:
+    """The prompt-cache salt of one API key: a digest, so the key itself is never hashed into
+    block keys or kept beside them. A request's own cache_salt is added to it."""
+    return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:32] + ":"
 
 
 class RequestIdHeader:
@@ -321,10 +358,12 @@ class _Context:
         metrics,
         fingerprint,
         log_requests: bool = False,
+        report_cached_tokens: bool = False,
     ):
         self.chat, self.parsed, self.handles = chat, parsed, handles
         self.model, self.tokenizer, self.metrics = model_name, tokenizer, metrics
         self.log_requests = log_requests
+        self.report_cached_tokens = report_cached_tokens
         self.started = time.perf_counter()
         # each choice's end: its Completion, "error", or "abort" (the client left, or shutdown)
         self._outcomes: dict[int, object] = {}
@@ -356,7 +395,7 @@ class _Context:
         ended = [self._outcomes[i] for i in range(len(self.handles))]
         done = {i: c for i, c in enumerate(ended) if not isinstance(c, str)}
         outcome = "error" if "error" in ended else "aborted" if "abort" in ended else "ok"
-        tokens = self._finish(done)  # the response's usage
+        tokens = self._finish(done, for_client=False)  # the response's usage, and cached
         ttfts = [c.ttft for c in done.values() if c.ttft is not None]
         log.info(
             "request %s: %s | %d choice%s | prompt %d tokens (%d cached) | completion %d tokens "
@@ -401,13 +440,18 @@ class _Context:
                 h.cancel()
                 self._count(i, None)
 
-    def _finish(self, completions: dict[int, object]) -> dict:
+    def _finish(self, completions: dict[int, object], for_client: bool = True) -> dict:
+        """The usage of these choices; cached_tokens for the client only where the server
+        reports them (report_cached_tokens), always for the log."""
         done = list(completions.values())
         prompt_tokens = sum(h.prompt_len for h in self.handles[:: len(self.parsed.params)])
         cached = sum(
             c.cached_tokens for i, c in completions.items() if i % len(self.parsed.params) == 0
         )
-        return usage(prompt_tokens, done, cached)
+        out = usage(prompt_tokens, done, cached)
+        if for_client and not self.report_cached_tokens:
+            out["prompt_tokens_details"] = None
+        return out
 
     def _logprobs(self, i: int, token_ids, logprobs, top, streamed: bool = False) -> dict | None:
         if self.parsed.logprobs is None:

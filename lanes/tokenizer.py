@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +54,13 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: its longest vocabulary entry (byte-level
+        entries spell one character per byte, at least the characters they decode to)."""
+        vocab = self.tk.get_vocab(with_added_tokens=True)
+        return max((len(t) for t in vocab), default=1)
 
     def to_json(self) -> str:
         """The tokenizer as HF `tokenizers` JSON (what the grammar engine reads)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from lanes.chat import Chat
 from lanes.grammar import Grammar
+from lanes.grammar_limits import GrammarTooLarge, check_schema
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -222,7 +223,10 @@ class ToolCallStream:
             match = _HEADER.match(body)
             if match is None or (self.num_calls and not self.tools.parallel):
                 return []
-            name = json.loads(match.group(1))
+            try:  # a name with an invalid escape is no call: the block stays content
+                name = json.loads(match.group(1))
+            except ValueError:
+                return []
             if name not in self.tools.functions:
                 return []
             b.index, b.args_at = self.num_calls, match.end()
@@ -322,12 +326,19 @@ def parse_tools(body: dict) -> Tools | None:
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise ToolError(f"tools[{i}].function.parameters must be a JSON schema", "tools")
+        try:  # the bounds its call's grammar must keep, checked before it is rendered
+            check_schema(params)
+        except GrammarTooLarge as e:
+            raise ToolError(f"tools[{i}].function.parameters: {e}", "tools") from e
+        if fn["name"] in functions:  # which one a call meant could not be told
+            raise ToolError(f"tools[{i}] repeats the function name {fn['name'][:60]!r}", "tools")
         functions[fn["name"]] = params
         descriptions[fn["name"]] = str(fn.get("description", ""))
     if choice is None:
         choice = "auto"
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
         if choice.get("type") != "function" or name not in functions:
             raise ToolError("'tool_choice' names a function that is not in 'tools'", "tool_choice")
         choice = name

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 
 from lanes import __version__
-from lanes.openai_api import ApiError, refuse_control_tokens
+from lanes.openai_api import ApiError, parse_messages, refuse_control_tokens
+from lanes.prompt_bounds import check_prompt_chars
 from lanes.tokenizer import Tokenizer
 
 
@@ -31,6 +32,13 @@ def version() -> dict:
 
 def tokenize(body: dict, tokenizer: Tokenizer, context_len: int, control_tokens: list[str]) -> dict:
     """The token ids a completions (prompt) or chat (messages) request would run on."""
+
+    def check_chars(prompt) -> None:  # a text no context holds is not tokenized
+        try:
+            check_prompt_chars(prompt, context_len, tokenizer.max_token_chars)
+        except ValueError as e:
+            raise ApiError(str(e), "messages" if isinstance(prompt, list) else "prompt") from e
+
     has_prompt, has_messages = "prompt" in body, "messages" in body
     if has_prompt == has_messages:
         raise ApiError("send exactly one of 'prompt' (a string) and 'messages' (a chat)")
@@ -41,17 +49,14 @@ def tokenize(body: dict, tokenizer: Tokenizer, context_len: int, control_tokens:
         prompt = body["prompt"]
         if not isinstance(prompt, str):
             raise ApiError("'prompt' must be a string", "prompt")
+        check_chars(prompt)
         tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
     else:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise ApiError("'messages' must be a non-empty list of messages", "messages")
+        messages = parse_messages(body["messages"])  # as chat completions takes them
         generation = body.get("add_generation_prompt", True)
         if not isinstance(generation, bool):
             raise ApiError("'add_generation_prompt' must be a boolean", "add_generation_prompt")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
-                raise ApiError(f"messages[{i}] needs a 'role' and a string 'content'", "messages")
+        check_chars(messages)
         refuse_control_tokens(messages, control_tokens)
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation)

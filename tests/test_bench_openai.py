@@ -14,7 +14,7 @@ from tests.live_server import MODEL, LiveServer
 
 def test_bench_openai_tiny(long_model_dir, tmp_path):
     engine = build_engine(str(long_model_dir), EngineConfig(drafter="ngram", prefill_chunk=16))
-    with LiveServer(engine) as live:
+    with LiveServer(engine, report_cached_tokens=True) as live:
         args = argparse.Namespace(
             base_url=live.url + "/v1",
             model=MODEL,

@@ -37,7 +37,7 @@ def server(long_model_dir):
     (plain,) = engine.generate([ids], SamplingParams(max_tokens=30, ignore_eos=True))
     vocab = engine.model_config.vocab_size
     engine.proposer = ReplayProposer({tuple(ids): plain.token_ids}, 0.7, vocab)
-    with LiveServer(engine) as live:
+    with LiveServer(engine, report_cached_tokens=True) as live:
         yield live
 
 

@@ -334,7 +334,7 @@ def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
     engine = build_engine(str(path), EngineConfig(prefill_chunk=16, max_tokens_per_round=16))
     long_prompt = [random.Random(3).randrange(3, 380) for _ in range(1500)]
     kw = dict(model=MODEL, prompt=long_prompt, max_tokens=8, temperature=0)
-    with LiveServer(engine) as server:
+    with LiveServer(engine, report_cached_tokens=True) as server:
 
         async def disconnect_early():
             client = server.async_client()

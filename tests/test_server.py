@@ -20,7 +20,7 @@ from tests.live_server import MODEL, LiveServer, read_stream, run_clients
 @pytest.fixture(scope="module")
 def server(long_model_dir):
     engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=32))
-    with LiveServer(engine) as live:
+    with LiveServer(engine, report_cached_tokens=True) as live:
         yield live
 
 
@@ -116,16 +116,33 @@ def test_request_ids_and_cors_headers(server):
         assert r.headers["x-request-id"] == "abc-123"  # the client's own id comes back
     with urllib.request.urlopen(server.url + "/health", timeout=30) as r:
         assert len(r.headers["x-request-id"]) == 32  # else a new one
+
+
+def _preflight(url: str, origin: str):
+    import urllib.error
+    import urllib.request
+
     preflight = urllib.request.Request(
-        server.url + "/v1/chat/completions",
+        url + "/v1/chat/completions",
         method="OPTIONS",
-        headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
     )
-    with urllib.request.urlopen(preflight, timeout=30) as r:
-        assert r.status == 200 and r.headers["access-control-allow-origin"] in (
-            "*",
-            "http://localhost:3000",
-        )
+    try:
+        with urllib.request.urlopen(preflight, timeout=30) as r:
+            return r.status, r.headers.get("access-control-allow-origin")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("access-control-allow-origin")
+
+
+def test_cors_only_for_the_origins_given(server, long_model_dir):
+    """No CORS by default: a web page the user opens cannot drive a loopback server and read
+    its answers. --allowed-origins lets the origins it names in, and only those."""
+    status, allowed = _preflight(server.url, "http://localhost:3000")
+    assert status == 405 and allowed is None
+    engine = build_engine(str(long_model_dir))
+    with LiveServer(engine, allowed_origins=("http://localhost:3000",)) as live:
+        assert _preflight(live.url, "http://localhost:3000") == (200, "http://localhost:3000")
+        assert _preflight(live.url, "http://evil.example")[1] is None
 
 
 def test_several_served_names_and_a_log_line_per_request(long_model_dir, caplog):

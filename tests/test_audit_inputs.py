@@ -1,0 +1,198 @@
+"""Issue 39's audit, items 4-10, each input exactly as it was sent: a clear 4xx (never a 500 or
+a cut stream), nothing else disturbed, and the server still serving."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.async_engine import AsyncEngine
+from lanes.tools import ToolCallStream, parse_tools
+from tests.live_server import MODEL, LiveServer
+
+FUNCTION = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir):
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=8))
+    with LiveServer(engine) as live:
+        yield live
+
+
+def _error(raw: bytes) -> dict:
+    body = json.loads(raw)
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def _alive(server) -> None:
+    assert json.loads(server.get("/health")) == {"status": "ok"}
+    status, raw = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 2})
+    assert status == 200, raw
+
+
+def _chat(**extra) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    "path, body, words",
+    [
+        ("/v1/chat/completions", _chat(guided_json="[" * 5000 + "]" * 5000), "nests deeper"),
+        ("/v1/chat/completions",
+         _chat(tools=[FUNCTION], tool_choice={"type": "function", "function": "f"}), "tool_choice"),
+        ("/v1/chat/completions",
+         _chat(messages=[{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": None, "tool_calls": 5}]), "tool_calls"),
+        ("/v1/chat/completions",
+         _chat(messages=[{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": None, "tool_calls": True}]), "tool_calls"),
+        ("/tokenize", {"messages": [{"role": 5, "content": "hi"}]}, "role"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "role must be one of"),
+        ("/v1/chat/completions", _chat(tools=[FUNCTION, FUNCTION]), "repeats the function name"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 1, "05": 2}}, "twice"),
+        ("/v1/completions", {"prompt": "a", "repetition_penalty": 1e-300}, "repetition_penalty"),
+        ("/v1/completions", {"prompt": "a", "repetition_penalty": 1e30}, "repetition_penalty"),
+    ],
+    ids=["string-schema-5000-deep", "tool-choice-function-string", "tool-calls-5",
+         "tool-calls-true", "tokenize-role-5", "tokenize-unknown-role", "same-tool-twice",
+         "logit-bias-5-and-05", "repetition-penalty-tiny", "repetition-penalty-huge"],
+)  # fmt: skip
+def test_inputs_that_were_500s_are_400s(server, path, body, words):
+    status, raw = server.post(path, body)
+    assert status == 400, raw
+    assert words in _error(raw)["message"]
+    _alive(server)
+
+
+def test_tokenize_takes_the_messages_chat_takes(server):
+    """Content as a list of text parts, as chat completions takes it."""
+    parts = [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]
+    status, raw = server.post("/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    assert status == 200, raw
+    status, plain = server.post(
+        "/tokenize", {"messages": [{"role": "user", "content": "hi there"}]}
+    )
+    assert json.loads(raw)["tokens"] == json.loads(plain)["tokens"]
+
+
+def test_content_type_must_be_json(server):
+    for kind in ("application/notjson", "text/json-ish", "text/plain"):
+        status, raw = server.post("/v1/completions", {"prompt": "a"}, {"Content-Type": kind})
+        assert status == 415, (kind, raw)
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        status, raw = server.post(
+            "/v1/completions", {"prompt": "a", "max_tokens": 1}, {"Content-Type": kind}
+        )
+        assert status == 200, (kind, raw)
+
+
+def test_a_404_does_not_echo_a_long_path(server):
+    status, raw = server.post("/v1/" + "x" * 100_000, {"prompt": "a"})
+    assert status == 404 and len(_error(raw)["message"]) < 200
+
+
+def test_big_messages_are_refused_before_tokenizing(server, monkeypatch):
+    """A 4 MB message is refused from its length alone: the tokenizer never sees it (negative
+    control: a message that fits the bound is tokenized)."""
+    tokenizer = server.engine.tokenizer
+    seen = []
+    real = type(tokenizer).encode
+    monkeypatch.setattr(
+        type(tokenizer),
+        "encode",
+        lambda self, text, **kw: seen.append(len(text)) or real(self, text, **kw),
+    )
+    huge = "word " * 800_000
+    start = time.perf_counter()
+    status, raw = server.post(
+        "/v1/chat/completions", _chat(messages=[{"role": "user", "content": huge}])
+    )
+    assert status == 400 and "characters" in _error(raw)["message"], raw
+    status, raw = server.post("/tokenize", {"prompt": huge})
+    assert status == 400 and "characters" in _error(raw)["message"], raw
+    assert time.perf_counter() - start < 5
+    assert not any(n >= len(huge) for n in seen), seen
+    status, raw = server.post("/tokenize", {"prompt": "word " * 100})
+    assert status == 200 and any(n == 500 for n in seen)
+
+
+def test_big_bodies_leave_health_and_others_fast(server):
+    """Twelve 4 MB requests at once: /health and another client's 1-token completion answer
+    while they are refused (before: 6.6 s and 22-24 s)."""
+    huge = json.dumps(_chat(messages=[{"role": "user", "content": "word " * 800_000}])).encode()
+
+    def big(_):
+        return server.post("/v1/chat/completions", huge)[0]
+
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(big, i) for i in range(12)]
+        time.sleep(0.2)
+        start = time.perf_counter()
+        assert json.loads(server.get("/health")) == {"status": "ok"}
+        health = time.perf_counter() - start
+        status, raw = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 1})
+        other = time.perf_counter() - start
+        assert status == 200, raw
+        assert all(f.result() == 400 for f in futures)
+    assert health < 2 and other < 10, (health, other)
+
+
+def test_an_invalid_escape_in_a_streamed_tool_call_is_content():
+    """The stream goes on: a block whose name cannot be read is no call."""
+    tools = parse_tools({"tools": [FUNCTION]})
+    stream = ToolCallStream(tools)
+    content, calls = stream.feed('<tool_call>{"name": "get\\q", "arguments": {}}')
+    assert calls == []
+    content2, calls = stream.feed("</tool_call> done")
+    assert calls == [] and "get\\q" in content + content2 + stream.flush()
+
+
+def test_a_streamed_tool_call_with_a_bad_escape_ends_cleanly(server):
+    """Over HTTP: a choice held to exactly that text (so the model writes it); the stream
+    ends with a finish_reason and [DONE] (before: cut, no finish_reason, no error event)."""
+    text = '<tool_call>{"name": "get\\q", "arguments": {}}</tool_call>'
+    body = _chat(tools=[FUNCTION], stream=True, max_tokens=64, guided_choice=[text])
+    status, raw = server.post("/v1/chat/completions", body)
+    assert status == 200
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    finishes = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"]]
+    assert finishes[-1] in ("stop", "length"), events
+    text_out = "".join(
+        (c["delta"].get("content") or "") for e in events[:-1] for c in json.loads(e)["choices"]
+    )
+    assert "get\\q" in text_out
+    _alive(server)
+
+
+def test_cancelled_ids_of_finished_requests_are_not_kept(long_model_dir):
+    engine = build_engine(str(long_model_dir))
+    runner = AsyncEngine(engine)
+    runner.start()
+    try:
+        import asyncio
+
+        async def run() -> None:
+            for _ in range(5):
+                handle = await runner.submit("hello", SamplingParams(max_tokens=2))
+                while True:
+                    event = await handle.next_event()
+                    if type(event).__name__ in ("Finished", "Failed"):
+                        break
+                handle.cancel()  # what the server does for every choice as it ends
+
+        asyncio.run(run())
+    finally:
+        runner.stop()
+    assert runner._cancelled == set()
