@@ -261,6 +261,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _positive_bytes(text: str) -> int:
+    value = _bytes(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r:.40}")
+    return value
+
+
 def _port(text: str) -> int:
     value = _positive_int(text)
     if value > 65535:
@@ -645,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
     memory.add_argument(
-        "--kv-cache-bytes", type=parse_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
+        "--kv-cache-bytes", type=_positive_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
     )
     memory.add_argument(
         "--gpu-memory-utilization",
@@ -653,10 +667,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CUDA: size the KV pool so the engine uses this share of the GPU's memory",
     )
-    memory.add_argument("--prompt-cache-bytes", type=parse_bytes, default=256 * 2**20)
+    memory.add_argument("--prompt-cache-bytes", type=_bytes, default=256 * 2**20)
     memory.add_argument(
         "--state-snapshot-bytes",
-        type=parse_bytes,
+        type=_bytes,
         default=256 * 2**20,
         help="hybrid (Qwen3.5) models: recurrent-state snapshots kept for cached prefixes",
     )

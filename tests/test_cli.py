@@ -133,3 +133,51 @@ def test_the_engine_is_built_on_a_thread_that_exits():
 
     with pytest.raises(ValueError, match="no such model"):
         _off_the_main_thread(broken)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--chat-template", "/typo/path.jinja"], "not a readable file"),
+        (["--chat-template", "."], "not a readable file"),  # a directory
+        (["--chat-template", "{% for m in messages %}{{ m.content }"], "does not compile"),
+        (["--chat-template", "{{ messages[5].content.upper() }}"], "chat template failed"),
+        (["--kv-cache-bytes", "1TiB"], "more than the cpu memory"),
+        (["--device", "cuda"], "no CUDA device"),
+    ],
+)
+def test_serve_operator_errors_are_one_line(llama_dir, capsys, flags, words):
+    """Each is found before the model loads; none serves wrong answers or ends in a traceback
+    (before: a typo'd template path became the template; 1TiB was tried)."""
+    from lanes.cli import main
+
+    if "cuda" in flags:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    assert main(["serve", "--model", str(llama_dir), "--device", "cpu", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lanes: error:") and words in err[0], err
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--kv-cache-bytes", "1e400"], "more bytes than any machine has"),
+        (["--kv-cache-bytes", "0"], "--kv-cache-bytes"),
+        (["--port", "70000"], "at most 65535"),
+        (["--device", "bogus"], "cpu, cuda or cuda:N"),
+        (["--tensor-parallel", "0"], "at least 1"),
+        (["--tensor-parallel", "-1"], "at least 1"),
+        (["--max-tokens-per-round", "0"], "at least 1"),
+    ],
+)
+def test_serve_flag_values_are_checked(llama_dir, capsys, flags, words):
+    from lanes.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", str(llama_dir), *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
