@@ -57,7 +57,9 @@ def build_engine(
     a tensor-parallel group (the drafter lives on rank 0); engine_type: an Engine subclass (tests
     that change one mechanism to show a check fails without it)."""
     cfg = config or EngineConfig()
-    ckpt = checkpoint or open_checkpoint(model, keeps_gguf_packed(cfg, parallel))
+    ckpt = _within_max_model_len(
+        checkpoint or open_checkpoint(model, keeps_gguf_packed(cfg, parallel)), cfg
+    )
     dtype = getattr(torch, cfg.torch_dtype_name)
     ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
     decoder = build_decoder(ckpt, ops, dtype, cfg.device)
@@ -83,6 +85,20 @@ def build_engine(
     engine = engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
     prepare_device(engine)  # graphs captured and samplers compiled before any request
     return engine
+
+
+def _within_max_model_len(ckpt: Checkpoint, cfg: EngineConfig) -> Checkpoint:
+    """The checkpoint with its context cut to --max-model-len, so the tables sized by the
+    context (RoPE, block tables) are only as long as a request can reach."""
+    own = ckpt.config.max_position_embeddings
+    if cfg.max_model_len is None or cfg.max_model_len == own:
+        return ckpt
+    if cfg.max_model_len > own:
+        raise ConfigError(
+            f"max_model_len {cfg.max_model_len} is above the model's context ({own} tokens)"
+        )
+    shorter = dataclasses.replace(ckpt.config, max_position_embeddings=cfg.max_model_len)
+    return dataclasses.replace(ckpt, config=shorter)
 
 
 def _verify_rows_are_dear(decoder: Decoder) -> bool:

@@ -102,9 +102,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.family not in SUPPORTED_ARCHITECTURES.values():
             raise ConfigError(f"unknown model family {self.family!r}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
+        for name in ("vocab_size", "hidden_size", "num_layers"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.intermediate_size <= 0 and len(self.moe_layers) < self.num_layers:
+            raise ConfigError(  # only a model with a dense MLP somewhere needs it
+                f"intermediate_size must be positive, got {self.intermediate_size}"
+            )
+        # A config sizes tables before any weight is read: a lying one must not allocate GiBs.
+        for name, bound in _SIZE_BOUNDS.items():
+            if getattr(self, name) > bound:
+                raise ConfigError(f"{name} is {getattr(self, name)}; lanes takes at most {bound}")
+        if self.max_position_embeddings < 2:
+            raise ConfigError(  # a prompt token and one to generate
+                f"max_position_embeddings must be at least 2, got {self.max_position_embeddings}"
+            )
         if self.num_heads <= 0 or self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_heads ({self.num_heads}) must be a positive multiple of "
@@ -190,7 +202,10 @@ class ModelConfig:
             family=family,
             vocab_size=_number(raw, "vocab_size", int),
             hidden_size=hidden,
-            intermediate_size=_number(raw, "intermediate_size", int),
+            # an all-MoE model has no dense MLP: transformers 5.25 writes no intermediate_size
+            intermediate_size=_number(
+                raw, "intermediate_size", int, 0 if "moe" in family else None
+            ),
             num_layers=_number(raw, "num_hidden_layers", int),
             num_heads=num_heads,
             num_kv_heads=_number(raw, "num_key_value_heads", int, num_heads) or num_heads,
@@ -208,6 +223,23 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             **_family_fields(raw, family, head_dim),
         )
+
+
+# Bounds on what a config may claim, far above any served model (Llama 3.1 405B: 126 layers,
+# hidden 16,384; the largest vocabularies ~262K; contexts of 10M tokens exist but their RoPE
+# tables alone would be GiBs: serve them with --max-model-len).
+_SIZE_BOUNDS = {
+    "num_layers": 1024,
+    "hidden_size": 2**17,
+    "intermediate_size": 2**20,
+    "moe_intermediate_size": 2**20,
+    "vocab_size": 2**22,
+    "num_heads": 2**12,
+    "num_kv_heads": 2**12,
+    "head_dim": 2**12,
+    "num_experts": 2**14,
+    "max_position_embeddings": 2**24,
+}
 
 
 def _family_fields(raw: dict[str, Any], family: str, head_dim: int) -> dict[str, Any]:

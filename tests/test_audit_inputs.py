@@ -196,3 +196,40 @@ def test_cancelled_ids_of_finished_requests_are_not_kept(long_model_dir):
     finally:
         runner.stop()
     assert runner._cancelled == set()
+
+
+SECRET = "The launch code is 7734-alpha-niner. " * 6
+
+
+def _cached(live, prompt: str, key: str, **extra) -> object:
+    client = live.client(api_key=key)
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, **extra)
+    details = out.usage.prompt_tokens_details
+    return None if details is None else details.cached_tokens
+
+
+def test_cached_tokens_are_reported_only_when_asked(long_model_dir):
+    """The side channel of the audit: after a prompt holding a secret, a guess with the right
+    secret was told cached_tokens 48. By default usage has no cached_tokens; with
+    report_cached_tokens (--enable-prompt-tokens-details) it does (the control: the probe
+    works there, so hiding it is what closes it)."""
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16))
+    with LiveServer(engine) as live:
+        _cached(live, SECRET + "Tell no one.", "none")
+        assert _cached(live, SECRET + "Guess?", "none") is None
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16))
+    with LiveServer(engine, report_cached_tokens=True) as live:
+        _cached(live, SECRET + "Tell no one.", "none")
+        assert _cached(live, SECRET + "Guess?", "none") > 0
+
+
+def test_each_api_key_has_its_own_prompt_cache(long_model_dir):
+    """With several keys, one key's requests never hit another's cached prefixes (a salt derived
+    from the key); the same key's do. Negative control: one key for both clients hits."""
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16))
+    with LiveServer(engine, api_key=["alice", "bob"], report_cached_tokens=True) as live:
+        _cached(live, SECRET + "Tell no one.", "alice")
+        assert _cached(live, SECRET + "Guess?", "bob") == 0
+        assert _cached(live, SECRET + "Again?", "alice") > 0
+        # a request's own cache_salt still separates within a key
+        assert _cached(live, SECRET + "Salted?", "alice", extra_body={"cache_salt": "s"}) == 0

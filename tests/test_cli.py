@@ -181,3 +181,68 @@ def test_serve_flag_values_are_checked(llama_dir, capsys, flags, words):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err, err
+
+
+def _with_index(cfg, index, dst):
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return cfg
+
+
+def test_lying_model_files_are_one_line_errors(llama_dir, tmp_path, capsys):
+    """Issue 39's model files: configs that would allocate GiBs before any weight is read, a
+    context of 0, and shard indexes that are not maps or point outside the model's folder."""
+    cases = {
+        "layers": (lambda cfg: cfg | {"num_hidden_layers": 10**9}, "num_layers is 1000000000"),
+        "context-huge": (lambda cfg: cfg | {"max_position_embeddings": 10**12}, "at most"),
+        "context-zero": (lambda cfg: cfg | {"max_position_embeddings": 0}, "at least 2"),
+        "vocab-huge": (lambda cfg: cfg | {"vocab_size": 2**30}, "vocab_size is"),
+    }
+    for name, (change, words) in cases.items():
+        model = _broken_config(llama_dir, tmp_path / name, change)
+        _one_line_error(model, "config.json", words, capsys=capsys)
+    (tmp_path / "other").mkdir()
+    indexes = {
+        "index-list": (["model.safetensors"], "weight_map"),
+        "index-no-map": ({"metadata": {}}, "weight_map"),
+        "index-outside": ({"weight_map": {"lm_head.weight": "../other/model.safetensors"}},
+                          "outside the model's directory"),
+        "index-absolute": ({"weight_map": {"x": str(llama_dir / "model.safetensors")}},
+                           "outside the model's directory"),
+    }  # fmt: skip
+    for name, (index, words) in indexes.items():
+        dst = tmp_path / name
+        _broken_config(llama_dir, dst, lambda cfg, i=index, d=dst: _with_index(cfg, i, d))
+        _one_line_error(dst, "model.safetensors.index.json", words, capsys=capsys)
+
+
+def test_max_model_len_shrinks_the_context_tables(long_model_dir):
+    """--max-model-len sizes the RoPE tables (before: always the model's own context)."""
+    from lanes import EngineConfig, SamplingParams, build_engine
+
+    full = build_engine(str(long_model_dir))
+    short = build_engine(str(long_model_dir), EngineConfig(max_model_len=256))
+    assert full.runner.decoder.cos.shape[0] == 4096 and short.runner.decoder.cos.shape[0] == 256
+    assert short.context_len == 256
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    assert [c.token_ids for c in short.generate(["hello there"], params)] == [
+        c.token_ids for c in full.generate(["hello there"], params)
+    ]
+
+
+def test_an_all_moe_config_needs_no_intermediate_size(tiny_models, tmp_path):
+    """transformers 5.25 saves Qwen3.5-MoE's text config without intermediate_size (no layer
+    has a dense MLP): it loads, and gives the same tokens."""
+    from lanes import SamplingParams, build_engine
+
+    src = tiny_models["qwen3_5_moe"][0]
+    model = _broken_config(src, tmp_path / "moe", lambda cfg: _without_everywhere(cfg))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    want = build_engine(str(src)).generate(["hello"], params)[0].token_ids
+    assert build_engine(str(model)).generate(["hello"], params)[0].token_ids == want
+
+
+def _without_everywhere(cfg):
+    cfg.pop("intermediate_size", None)
+    if isinstance(cfg.get("text_config"), dict):
+        cfg["text_config"].pop("intermediate_size", None)
+    return cfg

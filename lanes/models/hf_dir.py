@@ -95,10 +95,29 @@ def _language_model_names(raw: dict, shapes: dict) -> dict[str, str] | None:
     return rename
 
 
+def _shard_names(index: Path) -> set[str]:
+    """The shard files an index's weight_map names: plain file names inside the model's
+    directory (never `../other/model.safetensors` or an absolute path)."""
+    try:
+        raw = json.loads(index.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WeightError(f"{index.name} is not JSON: {str(e)[:100]}") from e
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise WeightError(f"{index.name} needs a 'weight_map' of tensor names to shard files")
+    names = set(weight_map.values())
+    outside = sorted(n for n in names if Path(n).name != n or n in ("", ".", ".."))
+    if outside:
+        raise WeightError(
+            f"{index.name} names shards outside the model's directory: {', '.join(outside)[:200]}"
+        )
+    return names
+
+
 def _safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(_shard_names(index))
         files = [path / n for n in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
