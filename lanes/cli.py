@@ -320,6 +320,7 @@ def serve_engine(
 
     import uvicorn
 
+    from lanes.http_protocol import HeaderDeadlineH11
     from lanes.server import build_app
 
     config = engine.config
@@ -362,6 +363,7 @@ def serve_engine(
             log_level="info",
             access_log=access_log,  # one line per request, as vLLM users expect to see
             timeout_graceful_shutdown=5,
+            http=HeaderDeadlineH11,  # a connection's headers within 30 s, or it is closed
         )
     ).run()
 

@@ -38,6 +38,7 @@ from lanes.grammar import GrammarCompiler, GrammarFailed, apply_mask
 from lanes.inflight import InFlight, launch_samples
 from lanes.lane import Lane, LaneState
 from lanes.launched_chunks import LaunchedChunks
+from lanes.mask_budget import MaskBudget
 from lanes.metrics import EngineMetrics, RoundRecord, add_counts
 from lanes.models import Checkpoint
 from lanes.penalties import RowContext, process_logits, process_rows
@@ -144,6 +145,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self._grammars: GrammarCompiler | None = None
+        self.mask_budget = MaskBudget()  # grammar-mask time per lane (lanes/mask_budget.py)
         self.proposer = proposer
         if self._observing:  # the target keeps the features this drafter reads
             self.runner.decoder.feature_layers = self.proposer.target_feature_layers
@@ -338,6 +340,7 @@ class Engine:
         self._chunks.settle()
         seconds = self.clock() - start
         self._last_round_end = self.clock()
+        self.mask_budget.end_round(self.running, seconds)
         self.round_clock.end(mark, num_prefill, num_decode, seconds)
         if num_prefill == 0 and plan.decode and self._inflight is None:  # a whole decode round
             drafts = [s.num_drafted for s in plan.decode]
@@ -1087,7 +1090,11 @@ class Engine:
             filling = any(lane.state is LaneState.FILL for lane in self.running)
             budget = self.share.prefill_budget(num_decode, filling)
             plan = plan_round(
-                self.running, budget, cfg.prefill_chunk, cfg.block_size, self._num_drafts
+                self.mask_budget.runnable(self.running),  # costly grammars rest (mask_budget)
+                budget,
+                cfg.prefill_chunk,
+                cfg.block_size,
+                self._num_drafts,
             )
             ends: dict[int, tuple[Lane, int]] = {}
             for s in plan.steps:
@@ -1160,6 +1167,7 @@ class Engine:
             self.proposer.release(lane)
 
     def _end(self, lane: Lane, state: LaneState) -> Completion:
+        self.mask_budget.forget(lane.request_id)
         self.metrics.num_drafted += lane.num_drafted
         self.metrics.num_accepted += lane.num_accepted
         self.metrics.num_verify_steps += lane.num_verify_steps

@@ -60,6 +60,11 @@ class Lane:
     grammar_cursor: GrammarCursor | None = None  # structured outputs: the grammar's matcher
 
     @property
+    def mask_seconds(self) -> float:
+        """Host time its grammar's masks have taken (lanes.mask_budget reads it)."""
+        return 0.0 if self.grammar_cursor is None else self.grammar_cursor.seconds
+
+    @property
     def num_known(self) -> int:
         """Tokens the lane knows: prompt plus accepted output."""
         return len(self.prompt_ids) + len(self.output_ids)

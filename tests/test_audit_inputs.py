@@ -4,6 +4,7 @@ a cut stream), nothing else disturbed, and the server still serving."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -233,3 +234,33 @@ def test_each_api_key_has_its_own_prompt_cache(long_model_dir):
         assert _cached(live, SECRET + "Again?", "alice") > 0
         # a request's own cache_salt still separates within a key
         assert _cached(live, SECRET + "Salted?", "alice", extra_body={"cache_salt": "s"}) == 0
+
+
+def test_half_sent_headers_are_closed_after_the_deadline(long_model_dir):
+    """A connection that sends part of its headers and then nothing is closed (before: kept
+    open for ever); a connection that completes them in time is served."""
+    import socket
+
+    import uvicorn
+
+    from lanes.http_protocol import HeaderDeadlineH11
+
+    class Quick(HeaderDeadlineH11):
+        header_timeout = 0.5
+
+    engine = build_engine(str(long_model_dir))
+    live = LiveServer(engine)
+    live.server = uvicorn.Server(uvicorn.Config(live.app, log_level="warning", http=Quick))
+    live.thread = threading.Thread(
+        target=live.server.run, kwargs={"sockets": [live.sock]}, daemon=True
+    )
+    with live:
+        stalled = socket.create_connection(("127.0.0.1", live.port))
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        stalled.settimeout(5)
+        start = time.perf_counter()
+        assert stalled.recv(100) == b""  # closed by the server
+        assert 0.3 < time.perf_counter() - start < 3
+        _alive(live)  # and whole requests are served, also after the deadline would have passed
+        time.sleep(0.7)
+        _alive(live)

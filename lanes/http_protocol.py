@@ -1,0 +1,55 @@
+"""uvicorn's h11 protocol with a deadline for each request's headers.
+
+uvicorn arms no timer until a first response is sent, and its keep-alive timer is disarmed by
+any byte received, so a client that opens connections and sends headers a byte at a time (or
+half of them, then nothing) holds them open for ever: 300 such connections stayed open in the
+audit of issue 39. Here a connection whose next request's headers are not complete within
+`header_timeout` seconds of the connection opening (or of the last response ending) is closed.
+The body has its own deadline (lanes.server.BODY_TIMEOUT_S)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEADER_TIMEOUT_S = 30.0
+
+
+class HeaderDeadlineH11(H11Protocol):
+    header_timeout = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        self._arm_header_deadline()  # the next request on this connection (armed first: a
+        super().on_response_complete()  # pipelined one handled here disarms it at once)
+
+    def handle_events(self) -> None:
+        waiting_for = self._waiting_cycle
+        super().handle_events()
+        if self.cycle is not waiting_for:  # a new request's headers arrived
+            self._disarm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        self._disarm_header_deadline()
+        self._waiting_cycle = self.cycle
+        self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm_header_deadline(self) -> None:
+        deadline = getattr(self, "_header_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self.cycle is self._waiting_cycle and not self.transport.is_closing():
+            self.transport.close()
