@@ -166,7 +166,85 @@ def _http_misuse(rng):
     return path, json.dumps(body).encode(), {}
 
 
+def _ref_chain(n: int) -> dict:
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _grammar_abuse(rng):
+    """Structured outputs past lanes' bounds (lanes/grammar_limits.py): each a 400 before the
+    grammar engine sees it; before issue 39 the chains killed the process."""
+    n = rng.randint(200, 3000)
+    choice = rng.randrange(8)
+    if choice == 0:
+        field = {"guided_json": _ref_chain(n)}
+    elif choice == 1:
+        field = {"response_format": {"type": "json_schema",
+                                     "json_schema": {"name": "x", "schema": _ref_chain(n)}}}  # fmt: skip
+    elif choice == 2:
+        rules = "\n".join(f"r{i}: r{i + 1}" for i in range(n + 400))
+        field = {"guided_grammar": f'start: r0\n{rules}\nr{n + 400}: "a"'}
+    elif choice == 3:
+        rules = "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(n + 400))
+        field = {"structured_outputs": {"grammar": f'root ::= r0\n{rules}\nr{n + 400} ::= "a"'}}
+    elif choice == 4:
+        depth = rng.choice([100, 1000, 5000])
+        field = {"guided_json": "[" * depth + "]" * depth}
+    elif choice == 5:
+        field = {"guided_choice": ["x" * rng.randint(270_000, 400_000)]}
+    elif choice == 6:
+        field = {"guided_regex": "a" * rng.randint(270_000, 400_000)}
+    else:
+        deep: dict = {"type": "string"}
+        for _ in range(rng.randint(70, 200)):
+            deep = {"type": "array", "items": deep}
+        field = {"guided_json": json.dumps(deep)}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    return CHAT, json.dumps(body | field).encode(), {}
+
+
+def _tool_abuse(rng):
+    """Malformed tool fields and tool messages (issue 39's 500s among them)."""
+    fn = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "hi"}]
+    extra = rng.choice(
+        [
+            {"tools": "f"},
+            {"tools": [{"type": "function"}]},
+            {"tools": [{"type": "function", "function": {"name": ""}}]},
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]},
+            {"tools": [fn, fn]},
+            {"tools": [fn], "tool_choice": {"type": "function", "function": "f"}},
+            {"tools": [fn], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            {"tools": [fn], "tool_choice": "sometimes"},
+            {"tools": [fn], "parallel_tool_calls": "yes"},
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": _ref_chain(500)}}
+                ]
+            },  # fmt: skip
+            {"messages": messages + [{"role": "assistant", "content": None, "tool_calls": 5}]},
+            {"messages": messages + [{"role": "assistant", "content": None, "tool_calls": True}]},
+            {
+                "messages": messages
+                + [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"function": {"arguments": "{"}}],
+                    }
+                ]
+            },  # fmt: skip
+        ]
+    )
+    body = {"model": MODEL, "messages": messages, "max_tokens": 3} | extra
+    return CHAT, json.dumps(body).encode(), {}
+
+
 KINDS = [
+    _grammar_abuse,
+    _tool_abuse,
     _garbage,
     _not_an_object,
     _too_deep,
@@ -305,3 +383,55 @@ def test_fuzz_hostile_requests_beside_normal_traffic(live):
         "blocks_leaked": kv["blocks_total"] - kv["blocks_free"] - kv["blocks_cached"],
     }
     print(json.dumps(summary, indent=1))
+
+
+NUM_MODEL_FILES = 60
+_CONFIG_KEYS = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim",
+                "rms_norm_eps", "rope_theta", "tie_word_embeddings", "eos_token_id",
+                "architectures", "rope_scaling"]  # fmt: skip
+_LIES = [0, -1, 1, 3, 10**9, 10**12, 2**40, 1e9, 1.5, "x", None, [], {}, True, [1, "a"]]
+
+
+def _lying_model(rng: random.Random, src, dst) -> str:
+    """A copy of the tiny model (weights linked) whose config.json or shard index lies."""
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).symlink_to(f)
+    (dst / "config.json").unlink()
+    cfg = json.loads((src / "config.json").read_text())
+    if rng.random() < 0.2:  # a shard index that is not what it should be
+        index = rng.choice([[], {"metadata": {}}, {"weight_map": []},
+                            {"weight_map": {"x": "../../etc/passwd"}},
+                            {"weight_map": {"x": "/abs/model.safetensors"}},
+                            {"weight_map": {"x": 5}}, "not json {"])  # fmt: skip
+        text = index if isinstance(index, str) else json.dumps(index)
+        (dst / "model.safetensors.index.json").write_text(text)
+        what = "index"
+    else:
+        keys = rng.sample(_CONFIG_KEYS, rng.randint(1, 3))
+        for key in keys:
+            cfg[key] = rng.choice(_LIES)
+        what = "config " + ",".join(keys)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return what
+
+
+def test_fuzz_lying_model_files(llama_dir, tmp_path):
+    """Configs and shard indexes with lies in them: each either loads or is refused with a
+    one-line ValueError (ConfigError, WeightError) — never another exception, a traceback out
+    of the loader, or GiBs allocated from a number in a file."""
+    from lanes import build_engine
+
+    rng = random.Random(SEED)
+    counts: collections.Counter = collections.Counter()
+    for i in range(NUM_MODEL_FILES):
+        what = _lying_model(rng, llama_dir, tmp_path / f"m{i}")
+        try:
+            build_engine(str(tmp_path / f"m{i}"))
+            counts["loaded"] += 1
+        except ValueError as e:
+            assert str(e) and "\n" not in str(e).strip(), (what, str(e)[:300])
+            counts["refused"] += 1
+    print(json.dumps({"model_files": NUM_MODEL_FILES, **counts}))
+    assert counts["refused"] > NUM_MODEL_FILES // 2
