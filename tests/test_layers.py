@@ -21,11 +21,11 @@ LAYERS = [
     # the API and tools that build engines: the CLI, the server, `lanes distill`
     ("api", ["lanes", "lanes.cli", "lanes.serve_options", "lanes.server", "lanes.openai_api",
              "lanes.async_engine", "lanes.drafter.distill", "lanes.utility_api",
-             "lanes.server_metrics", "lanes.tools"]),
+             "lanes.server_metrics", "lanes.tools", "lanes.http_protocol"]),
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
                 "lanes.inflight", "lanes.draft_costs", "lanes.recurrent",
-                "lanes.launched_chunks", "lanes.round_clock"]),
+                "lanes.launched_chunks", "lanes.round_clock", "lanes.mask_budget"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.device_rounds",
                 "lanes.parallel", "lanes.block_tables",
@@ -36,7 +36,8 @@ LAYERS = [
     # below all of them: memory, the round plan, requests, config (DESIGN.md)
     ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.lane_rows", "lanes.sampling",
               "lanes.penalties",
-              "lanes.grammar", "lanes.config",
+              "lanes.grammar", "lanes.grammar_limits", "lanes.deep_stack", "lanes.prompt_bounds",
+              "lanes.config",
               "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
               "lanes.packed", "lanes._source_tree"]),
 ]  # fmt: skip
