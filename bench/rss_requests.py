@@ -79,8 +79,12 @@ def main() -> None:
             post(port, body)
             if i % 100 == 99:
                 samples.append(
-                    {"pass": pass_, "requests": i + 1, "rss_mib": round(rss_mib(), 1),
-                     "blocks_touched": len(touched)}  # fmt: skip
+                    {
+                        "pass": pass_,
+                        "requests": i + 1,
+                        "rss_mib": round(rss_mib(), 1),
+                        "blocks_touched": len(touched),
+                    }  # fmt: skip
                 )
                 print(samples[-1], flush=True)
     gc.collect()
