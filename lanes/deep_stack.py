@@ -14,6 +14,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 STACK_BYTES = 512 * 2**20
+FALLBACK_STACK_BYTES = 64 * 2**20  # still 8x a default thread's
 
 
 class DeepStackThreads:
@@ -23,6 +24,20 @@ class DeepStackThreads:
 
     def __init__(self, num_threads: int, name: str, stack_bytes: int = STACK_BYTES) -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.stack_bytes = 0
+        for size in (stack_bytes, FALLBACK_STACK_BYTES):  # where address space is rationed
+            try:
+                self._start(num_threads, name, size)
+                self.stack_bytes = size
+                break
+            except (RuntimeError, ValueError, MemoryError):  # "can't start new thread"
+                continue
+        if not self.stack_bytes:
+            raise RuntimeError(
+                f"could not start {name} threads with a {FALLBACK_STACK_BYTES} stack"
+            )
+
+    def _start(self, num_threads: int, name: str, stack_bytes: int) -> None:
         # threading.stack_size is process-wide for threads started after it: set, start, restore
         with _STACK_SIZE_LOCK:
             previous = threading.stack_size(stack_bytes)

@@ -185,3 +185,16 @@ def test_schema_bounds_walk_without_recursion():
     recursive = {"$defs": {"node": {"properties": {"next": {"$ref": "#/$defs/node"}}}},
                  "$ref": "#/$defs/node"}  # fmt: skip
     check_schema(recursive)  # a recursive schema is legal
+
+
+def test_deep_stack_threads_run_calls_and_hand_back_errors():
+    from lanes.deep_stack import DeepStackThreads
+
+    threads = DeepStackThreads(1, "t")
+    assert threads.stack_bytes >= 64 * 2**20
+    assert threads.run(lambda: 6 * 7, timeout=5) == 42
+    with pytest.raises(ZeroDivisionError):
+        threads.run(lambda: 1 / 0, timeout=5)
+    with pytest.raises(TimeoutError):
+        threads.run(lambda: time.sleep(1), timeout=0.05)
+    assert threads.run(lambda: "after", timeout=5) == "after"  # the late call done, the next runs
