@@ -680,11 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--port", type=_port, default=8000)
     http.add_argument(
         "--api-key",
-        nargs="+",
+        action="append",
         default=None,
-        help="require 'Authorization: Bearer KEY', one of these keys; each key's requests see "
-        "only their own prompt cache entries (default: $LANES_API_KEY, comma-separated, else no "
-        "key)",
+        help="require 'Authorization: Bearer KEY' (repeat the flag for several keys); each "
+        "key's requests see only their own prompt cache entries (default: $LANES_API_KEY, "
+        "comma-separated, else no key)",
     )
     http.add_argument(
         "--allowed-origins",
