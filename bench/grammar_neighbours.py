@@ -66,12 +66,20 @@ def _neighbour(kind: str) -> dict | None:
     return body
 
 
-def stream_beside(port: int, kind: str) -> float:
-    """The stream's wall time with the neighbour of `kind` running from 0.5 s before it."""
+def stream_beside(port: int, kind: str) -> tuple[float, float | None]:
+    """The stream's wall time with the neighbour of `kind` running from 0.5 s before it, and
+    the neighbour's own wall time."""
     neighbour = _neighbour(kind)
-    thread = None
+    thread, own = None, []
+
+    def run_neighbour() -> None:
+        start = time.perf_counter()
+        status, raw = _post(port, neighbour)
+        assert status == 200, raw[:300]
+        own.append(time.perf_counter() - start)
+
     if neighbour is not None:
-        thread = threading.Thread(target=_post, args=(port, neighbour), daemon=True)
+        thread = threading.Thread(target=run_neighbour, daemon=True)
         thread.start()
         time.sleep(0.5)
     start = time.perf_counter()
@@ -80,7 +88,7 @@ def stream_beside(port: int, kind: str) -> float:
     assert status == 200 and raw.decode().rstrip().endswith("[DONE]"), raw[:300]
     if thread is not None:
         thread.join()
-    return took
+    return took, own[0] if own else None
 
 
 def big_bodies(port: int) -> dict:
@@ -126,10 +134,15 @@ def main() -> None:
                 assert time.time() < deadline and server.poll() is None, "server did not start"
                 time.sleep(0.2)
         stream_beside(port, "alone")  # warm-up
+        stream_beside(port, "grammar")
         runs: dict[str, list[float]] = {"alone": [], "plain": [], "grammar": []}
+        neighbours: dict[str, list[float]] = {"plain": [], "grammar": []}
         for _ in range(args.repeats):  # interleaved, so drift hits every kind alike
             for kind in runs:
-                runs[kind].append(stream_beside(port, kind))
+                took, own = stream_beside(port, kind)
+                runs[kind].append(took)
+                if own is not None:
+                    neighbours[kind].append(own)
         medians = {k: statistics.median(v) for k, v in runs.items()}
         report = {
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -137,6 +150,8 @@ def main() -> None:
             "stream": "60 tokens, greedy, chat",
             "grammar_neighbour": f"guided_choice of one {CHOICE_CHARS}-character string",
             "runs_s": runs,
+            "neighbour_own_s": neighbours,
+            "neighbour_own_median_s": {k: statistics.median(v) for k, v in neighbours.items()},
             "median_s": medians,
             "slowdown_beside_grammar_vs_plain": medians["grammar"] / medians["plain"],
             "slowdown_beside_grammar_vs_alone": medians["grammar"] / medians["alone"],

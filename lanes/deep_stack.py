@@ -49,9 +49,13 @@ class DeepStackThreads:
 
     def run(self, call: Callable[[], T], timeout: float) -> T:
         """call() on one of the threads; its result or exception, or TimeoutError."""
+        return self.submit(call).result(timeout)
+
+    def submit(self, call: Callable[[], T]) -> Future:
+        """call() on one of the threads, when one is free: its future."""
         future: Future = Future()
         self._calls.put((call, future))
-        return future.result(timeout)
+        return future
 
     def _work(self) -> None:
         while True:

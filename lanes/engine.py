@@ -39,6 +39,7 @@ from lanes.inflight import InFlight, launch_samples
 from lanes.lane import Lane, LaneState
 from lanes.launched_chunks import LaunchedChunks
 from lanes.mask_budget import MaskBudget
+from lanes.mask_prefetch import MaskPrefetch
 from lanes.metrics import EngineMetrics, RoundRecord, add_counts
 from lanes.models import Checkpoint
 from lanes.penalties import RowContext, process_logits, process_rows
@@ -146,6 +147,7 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self._grammars: GrammarCompiler | None = None
         self.mask_budget = MaskBudget()  # grammar-mask time per lane (lanes/mask_budget.py)
+        self.masks = MaskPrefetch()  # grammar masks computed while the forward runs
         self.proposer = proposer
         if self._observing:  # the target keeps the features this drafter reads
             self.runner.decoder.feature_layers = self.proposer.target_feature_layers
@@ -318,6 +320,7 @@ class Engine:
         mark = self.round_clock.begin()
         plan, failed = self._fill_drafts_isolated(plan)
         ended += failed
+        self.masks.start(plan.steps)  # the drafts are known: their masks, beside the forward
         self.on_progress()
         num_prefill = num_decode = num_forwards = 0
         decode_steps = {id(s) for s in plan.decode}
@@ -338,6 +341,7 @@ class Engine:
             ended += self._apply_cancellations()
             self.on_progress()
         self._chunks.settle()
+        self.masks.finish_round()
         seconds = self.clock() - start
         self._last_round_end = self.clock()
         self.mask_budget.end_round(self.running, seconds)
@@ -869,7 +873,7 @@ class Engine:
                 if lane.grammar_cursor is not None and (
                     allowed is None or bool(allowed[history[-1]])
                 ):
-                    allowed = lane.grammar_cursor.allowed(history)
+                    allowed = self.masks.allowed(lane, history)
                 at.append(row + j)
                 contexts.append(RowContext(p, lane.prompt_ids, history, stops, allowed))
                 how.append((p, s.first_sample_position + j))
@@ -895,12 +899,11 @@ class Engine:
         process = None
         if p.processes_logits:  # penalties etc. over the output so far and the drafts before
             stops = self._held_by_min_tokens(p)
-            cursor = lane.grammar_cursor  # made with the lane (make_lane)
 
             def process(j: int, row: torch.Tensor) -> torch.Tensor:
                 history = self._row_history(s, j)
-                if cursor is not None:  # the grammar first: min_p then sees allowed tokens only
-                    row = apply_mask(row, cursor.allowed(history))
+                if lane.grammar_cursor is not None:  # the grammar first: min_p then sees
+                    row = apply_mask(row, self.masks.allowed(lane, history))  # allowed only
                 return process_logits(row, p, lane.prompt_ids, history, stops)
 
         emitted = verify(

@@ -20,7 +20,6 @@ output that breaks its grammar.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -164,18 +163,10 @@ class GrammarCursor:
         self._vocab_size = vocab_size
         self._eos_ids = [t for t in eos_ids if t < vocab_size]
         self._consumed: list[int] = []
-        self.seconds = 0.0  # host time spent in allowed(), for lanes.mask_budget
 
     def allowed(self, output_ids: Sequence[int]) -> torch.Tensor:
         """Bool [vocab]: the tokens the grammar allows after output_ids. Past the grammar's end
         (an EOS kept by ignore_eos) nothing is left to allow: EOS then, never an empty row."""
-        start = time.perf_counter()
-        try:
-            return self._allowed(output_ids)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-    def _allowed(self, output_ids: Sequence[int]) -> torch.Tensor:
         self._move_to(list(output_ids))
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         if self._matcher.is_error():  # its mask is then EOS only: not an end the grammar allows

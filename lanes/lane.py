@@ -58,11 +58,8 @@ class Lane:
     num_sampling_steps: int = 0  # target steps that yielded tokens (drafted or not)
     acceptance_ema: float = 0.8  # running per-token acceptance, for adaptive k
     grammar_cursor: GrammarCursor | None = None  # structured outputs: the grammar's matcher
-
-    @property
-    def mask_seconds(self) -> float:
-        """Host time its grammar's masks have taken (lanes.mask_budget reads it)."""
-        return 0.0 if self.grammar_cursor is None else self.grammar_cursor.seconds
+    # engine-thread time spent on (or waiting for) its grammar's masks: lanes.mask_budget
+    mask_seconds: float = 0.0
 
     @property
     def num_known(self) -> int:

@@ -24,7 +24,8 @@ DEFAULT_SHARE = 0.25
 
 
 class Metered(Protocol):
-    """What the budget reads of a lane: its id and its grammar cursor's mask seconds so far."""
+    """What the budget reads of a lane: its id and the engine-thread seconds its grammar's
+    masks have cost so far (computing them, or waiting for them: lanes/mask_prefetch.py)."""
 
     request_id: int
 

@@ -25,7 +25,8 @@ LAYERS = [
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
                 "lanes.inflight", "lanes.draft_costs", "lanes.recurrent",
-                "lanes.launched_chunks", "lanes.round_clock", "lanes.mask_budget"]),
+                "lanes.launched_chunks", "lanes.round_clock", "lanes.mask_budget",
+                "lanes.mask_prefetch"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.device_rounds",
                 "lanes.parallel", "lanes.block_tables",

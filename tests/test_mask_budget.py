@@ -53,10 +53,10 @@ def test_a_costly_grammar_rests_and_every_output_equals_solo(long_model_dir):
     solo = [engine.generate(["plain words"], plain)[0], engine.generate(["hi"], grammar)[0]]
 
     def slow_allowed(cursor):
-        real = cursor._allowed
+        real = cursor.allowed
 
         def allowed(output_ids):
-            time.sleep(0.03)  # as if each mask took 30 ms more
+            time.sleep(0.03)  # as if each mask took 30 ms more than the forward covers
             return real(output_ids)
 
         return allowed
@@ -65,7 +65,7 @@ def test_a_costly_grammar_rests_and_every_output_equals_solo(long_model_dir):
         engine.mask_budget = MaskBudget(share)
         lanes = [engine.submit("plain words", plain), engine.submit("hi", grammar)]
         cursor = lanes[1].grammar_cursor
-        cursor._allowed = slow_allowed(cursor)
+        cursor.allowed = slow_allowed(cursor)
         done = {}
         while engine.has_work():
             for c in engine.step():
