@@ -109,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
         state_snapshot_bytes=args.state_snapshot_bytes,
         kv_cache_bytes=_fits_memory(512 * 2**20 if kv_bytes is None else kv_bytes, device),
         overlap=args.overlap,
+        prefetch_masks=args.prefetch_masks,
         device_rounds=args.device_rounds,
         max_model_len=args.max_model_len,
         gguf_packed=args.gguf_packed,
@@ -658,6 +659,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="launch each greedy decode round before the last one's tokens are read back "
         "(default: on CUDA)",
+    )
+    sched.add_argument(
+        "--prefetch-masks",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compute structured outputs' grammar masks on a helper thread while the forward "
+        "runs (default: on CUDA; on the CPU the forward needs those cores)",
     )
     sched.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
     memory.add_argument(

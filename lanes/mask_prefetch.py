@@ -27,12 +27,16 @@ from lanes.rounds import Step
 
 
 class MaskPrefetch:
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        """enabled False: every mask is computed on the engine thread when sampling asks."""
+        self.enabled = enabled
         self._threads: DeepStackThreads | None = None  # started at the first grammar lane
         self._jobs: dict[int, Future] = {}  # request id -> its rows' (history, mask) pairs
 
     def start(self, steps: Sequence[Step]) -> None:
         """Begin computing the masks of every sampled row of these steps' grammar lanes."""
+        if not self.enabled:
+            return
         for s in steps:
             cursor = s.lane.grammar_cursor
             if cursor is None or not s.num_logits or s.lane.request_id in self._jobs:

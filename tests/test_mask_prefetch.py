@@ -35,9 +35,9 @@ def test_masks_come_from_the_helper_and_drafted_equals_undrafted(
     tiny_models, monkeypatch, prefetch
 ):
     path, _ = tiny_models["llama"]
-    engine = build_engine(str(path), EngineConfig(num_draft_tokens=4, adaptive_drafts=False))
-    if not prefetch:  # the control: every mask computed on the engine's thread, as before
-        monkeypatch.setattr(MaskPrefetch, "start", lambda self, steps: None)
+    cfg = EngineConfig(num_draft_tokens=4, adaptive_drafts=False, prefetch_masks=prefetch)
+    engine = build_engine(str(path), cfg)  # prefetch False, the control: every mask computed
+    # on the engine's thread, as before (and the CPU's default)
     calls = _count_threads(monkeypatch)
     params = SamplingParams(max_tokens=60, grammar=Grammar.json_schema(SCHEMA))
     drafted, plain = drafted_and_plain(engine, PROMPTS, params)
