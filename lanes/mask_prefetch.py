@@ -1,11 +1,11 @@
 """Grammar masks computed while the forward runs.
 
 A structured-output lane's mask for logits row j is a function of its output and the drafts
-before row j — all known once the round is planned and its drafts are filled, before the forward
-starts. So the engine hands the round's grammar rows to a helper thread (llguidance computes a
-mask with the GIL released) and takes each mask when it samples that row: the engine thread waits
-only for what the forward did not cover. Rows after a draft the grammar forbids are never
-needed (that row's sample cannot equal the draft), so the helper stops there, as sampling does.
+before row j — all known once the round is planned, before the forward starts. The first row of
+each step is always sampled, so the engine hands it to a helper thread (llguidance computes a
+mask with the GIL released) and takes the mask when it samples that row: the engine thread waits
+only for what the forward did not cover. The rows behind drafts are computed when sampling
+reaches them, as far as the drafts are accepted (masking them all ahead cost more than it hid).
 
 A lane's cursor is touched by one thread at a time: jobs run one after another on the single
 helper thread, and the engine thread reaches a cursor only through `allowed`, which first waits
@@ -31,10 +31,10 @@ class MaskPrefetch:
         """enabled False: every mask is computed on the engine thread when sampling asks."""
         self.enabled = enabled
         self._threads: DeepStackThreads | None = None  # started at the first grammar lane
-        self._jobs: dict[int, Future] = {}  # request id -> its rows' (history, mask) pairs
+        self._jobs: dict[int, Future] = {}  # request id -> (history, its mask)
 
     def start(self, steps: Sequence[Step]) -> None:
-        """Begin computing the masks of every sampled row of these steps' grammar lanes."""
+        """Begin computing the first row's mask of each of these steps' grammar lanes."""
         if not self.enabled:
             return
         for s in steps:
@@ -43,10 +43,12 @@ class MaskPrefetch:
                 continue
             if self._threads is None:
                 self._threads = DeepStackThreads(1, "lanes-masks")
-            output = list(s.lane.output_ids)
-            histories = [output + list(s.draft_ids[:j]) for j in range(s.num_logits)]
+            # Only the first row: it is always sampled, while the rows behind drafts are needed
+            # only as far as the drafts are accepted (masking them all ahead, on an H200: the
+            # grammar request 1.4-1.6x slower, bench/NOTES.md)
+            history = list(s.lane.output_ids)
             self._jobs[s.lane.request_id] = self._threads.submit(
-                lambda c=cursor, h=histories: _masks(c, h)
+                lambda c=cursor, h=history: (h, _mask(c, h))
             )
 
     def allowed(self, lane: Lane, history: list[int]) -> torch.Tensor:
@@ -55,34 +57,27 @@ class MaskPrefetch:
         try:
             job = self._jobs.get(lane.request_id)
             if job is not None:
-                for seen, mask in job.result():
-                    if seen == history:
-                        if isinstance(mask, Exception):  # that row's grammar failure
-                            raise mask
-                        return mask
+                seen, mask = job.result()
+                if seen == history:
+                    if isinstance(mask, Exception):  # that row's grammar failure
+                        raise mask
+                    return mask
             return lane.grammar_cursor.allowed(history)
         finally:
             lane.mask_seconds += time.perf_counter() - start
 
     def finish_round(self) -> None:
-        """Forget this round's jobs, once each is done (a lane that ended mid-round may still
-        have one running: its cursor is left alone until it ends)."""
+        """Forget this round's jobs once each is done (that of a lane that ended mid-round may
+        still be running: no cursor is left in a helper's hands past the round)."""
         for job in self._jobs.values():
             job.result()
         self._jobs.clear()
 
 
-def _masks(cursor, histories: list[list[int]]) -> list[tuple[list[int], torch.Tensor | Exception]]:
-    """Each row's mask in turn, up to the first draft the grammar forbids or the first failure
-    (kept for that row: a row the target never samples fails nothing). Helper thread."""
-    out: list[tuple[list[int], torch.Tensor | Exception]] = []
-    for j, history in enumerate(histories):
-        try:
-            mask = cursor.allowed(history)
-        except Exception as e:
-            out.append((history, e))
-            break
-        out.append((history, mask))
-        if j + 1 < len(histories) and not bool(mask[histories[j + 1][-1]]):
-            break
-    return out
+def _mask(cursor, history: list[int]) -> torch.Tensor | Exception:
+    """The mask after `history`, or the grammar's failure there, kept for the engine thread to
+    raise if it samples that row (helper thread)."""
+    try:
+        return cursor.allowed(history)
+    except Exception as e:
+        return e
