@@ -663,9 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument(
         "--prefetch-masks",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="compute structured outputs' grammar masks on a helper thread while the forward "
-        "runs (default: on CUDA; on the CPU the forward needs those cores)",
+        default=False,
+        help="compute each step's first grammar mask on a helper thread while the forward runs "
+        "(default off: where measured it did not pay; docs/serving.md)",
     )
     sched.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
     memory.add_argument(

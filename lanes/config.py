@@ -409,10 +409,11 @@ class EngineConfig:
     # drafted rounds of an EAGLE-style head kept on the device, one graph per round
     # (lanes/device_rounds.py); None: where CUDA graphs run both; True: also eagerly (tests)
     device_rounds: bool | None = None
-    # grammar masks of a round computed on a helper thread while the forward runs
-    # (lanes/mask_prefetch.py); None: on CUDA only — on the CPU the forward uses the cores the
-    # helper would (2 cores: a neighbour's stream 0.80 -> 1.36 s, bench/NOTES.md)
-    prefetch_masks: bool | None = None
+    # each step's first grammar mask computed on a helper thread while the forward runs
+    # (lanes/mask_prefetch.py). Off by default: where measured it did not pay (2-core CPU: the
+    # helper took the forward's cores; H200: masking every row ahead slowed the grammar
+    # request 1.4-1.6x; bench/NOTES.md)
+    prefetch_masks: bool = False
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
     adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)

@@ -147,10 +147,7 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self._grammars: GrammarCompiler | None = None
         self.mask_budget = MaskBudget()  # grammar-mask time per lane (lanes/mask_budget.py)
-        prefetch = (
-            cfg.prefetch_masks if cfg.prefetch_masks is not None else cfg.device.startswith("cuda")
-        )
-        self.masks = MaskPrefetch(prefetch)  # grammar masks computed while the forward runs
+        self.masks = MaskPrefetch(cfg.prefetch_masks)  # a mask beside the forward (opt-in)
         self.proposer = proposer
         if self._observing:  # the target keeps the features this drafter reads
             self.runner.decoder.feature_layers = self.proposer.target_feature_layers
