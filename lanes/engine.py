@@ -320,7 +320,7 @@ class Engine:
         mark = self.round_clock.begin()
         plan, failed = self._fill_drafts_isolated(plan)
         ended += failed
-        self.masks.start(plan.steps)  # the drafts are known: their masks, beside the forward
+        self.masks.start(self.running)  # next masks on a helper, beside the forward (opt-in)
         self.on_progress()
         num_prefill = num_decode = num_forwards = 0
         decode_steps = {id(s) for s in plan.decode}
@@ -341,7 +341,6 @@ class Engine:
             ended += self._apply_cancellations()
             self.on_progress()
         self._chunks.settle()
-        self.masks.finish_round()
         seconds = self.clock() - start
         self._last_round_end = self.clock()
         self.mask_budget.end_round(self.running, seconds)
@@ -1171,6 +1170,7 @@ class Engine:
 
     def _end(self, lane: Lane, state: LaneState) -> Completion:
         self.mask_budget.forget(lane.request_id)
+        self.masks.forget(lane.request_id)
         self.metrics.num_drafted += lane.num_drafted
         self.metrics.num_accepted += lane.num_accepted
         self.metrics.num_verify_steps += lane.num_verify_steps

@@ -1,29 +1,30 @@
-"""Grammar masks computed while the forward runs.
+"""Grammar masks computed off the engine thread's critical path.
 
-A structured-output lane's mask for logits row j is a function of its output and the drafts
-before row j — all known once the round is planned, before the forward starts. The first row of
-each step is always sampled, so the engine hands it to a helper thread (llguidance computes a
-mask with the GIL released) and takes the mask when it samples that row: the engine thread waits
-only for what the forward did not cover. The rows behind drafts are computed when sampling
-reaches them, as far as the drafts are accepted (masking them all ahead cost more than it hid).
+A structured-output lane's next mask — the one after its output so far, which every step it takes
+samples first — is known as soon as its last tokens are. So before each round's forward the engine
+hands every running grammar lane's next mask to a helper thread (llguidance computes a mask with
+the GIL released), and sampling takes it from there: the engine thread waits only for what the
+forward, and the rounds a lane rests (lanes/mask_budget.py), did not cover. The rows behind drafts
+are computed when sampling reaches them, as far as the drafts are accepted (masking them all
+ahead cost more than it hid on an H200, bench/NOTES.md).
 
 A lane's cursor is touched by one thread at a time: jobs run one after another on the single
-helper thread, and the engine thread reaches a cursor only through `allowed`, which first waits
-for the lane's job. What the engine thread waited (or computed itself) is added to the lane's
-`mask_seconds`: the exposed mask time lanes.mask_budget charges.
+helper thread, a lane has at most one job (a newer one queued behind the older), and the engine
+thread reaches a cursor only through `allowed`, which first waits for the lane's job. What the
+engine thread waited (or computed itself) is added to the lane's `mask_seconds`: the exposed mask
+time lanes.mask_budget charges.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future
 
 import torch
 
 from lanes.deep_stack import DeepStackThreads
 from lanes.lane import Lane
-from lanes.rounds import Step
 
 
 class MaskPrefetch:
@@ -31,25 +32,24 @@ class MaskPrefetch:
         """enabled False: every mask is computed on the engine thread when sampling asks."""
         self.enabled = enabled
         self._threads: DeepStackThreads | None = None  # started at the first grammar lane
-        self._jobs: dict[int, Future] = {}  # request id -> (history, its mask)
+        self._jobs: dict[int, tuple[list[int], Future]] = {}  # request id -> (history, mask)
 
-    def start(self, steps: Sequence[Step]) -> None:
-        """Begin computing the first row's mask of each of these steps' grammar lanes."""
+    def start(self, lanes: Iterable[Lane]) -> None:
+        """Begin computing each grammar lane's mask after its output so far (unless begun)."""
         if not self.enabled:
             return
-        for s in steps:
-            cursor = s.lane.grammar_cursor
-            if cursor is None or not s.num_logits or s.lane.request_id in self._jobs:
+        for lane in lanes:
+            cursor = lane.grammar_cursor
+            if cursor is None or lane.is_finished:
+                continue
+            history = list(lane.output_ids)
+            job = self._jobs.get(lane.request_id)
+            if job is not None and job[0] == history:
                 continue
             if self._threads is None:
                 self._threads = DeepStackThreads(1, "lanes-masks")
-            # Only the first row: it is always sampled, while the rows behind drafts are needed
-            # only as far as the drafts are accepted (masking them all ahead, on an H200: the
-            # grammar request 1.4-1.6x slower, bench/NOTES.md)
-            history = list(s.lane.output_ids)
-            self._jobs[s.lane.request_id] = self._threads.submit(
-                lambda c=cursor, h=history: (h, _mask(c, h))
-            )
+            future = self._threads.submit(lambda c=cursor, h=history: _mask(c, h))
+            self._jobs[lane.request_id] = (history, future)
 
     def allowed(self, lane: Lane, history: list[int]) -> torch.Tensor:
         """The lane's mask after `history`: the prefetched one, else computed now."""
@@ -57,8 +57,8 @@ class MaskPrefetch:
         try:
             job = self._jobs.get(lane.request_id)
             if job is not None:
-                seen, mask = job.result()
-                if seen == history:
+                mask = job[1].result()  # the cursor is the engine thread's again after this
+                if job[0] == history:
                     if isinstance(mask, Exception):  # that row's grammar failure
                         raise mask
                     return mask
@@ -66,12 +66,9 @@ class MaskPrefetch:
         finally:
             lane.mask_seconds += time.perf_counter() - start
 
-    def finish_round(self) -> None:
-        """Forget this round's jobs once each is done (that of a lane that ended mid-round may
-        still be running: no cursor is left in a helper's hands past the round)."""
-        for job in self._jobs.values():
-            job.result()
-        self._jobs.clear()
+    def forget(self, request_id: int) -> None:
+        """A lane that ended (a job of its may still run: nothing else uses its cursor)."""
+        self._jobs.pop(request_id, None)
 
 
 def _mask(cursor, history: list[int]) -> torch.Tensor | Exception:
