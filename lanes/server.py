@@ -603,7 +603,8 @@ class _Context:
                 yield self._last_chunk(i, reason)
             elif isinstance(event, Aborted):
                 yield self._last_chunk(i, "abort")
-            elif isinstance(event, Failed):
+            elif isinstance(event, Failed):  # the choice ends "error", then the error itself
+                yield self._last_chunk(i, "error")
                 yield f"data: {json.dumps(self._failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"
                 return
