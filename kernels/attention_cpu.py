@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from lanes.batch import ForwardBatch
 from lanes.kernels.native import load
 
 MAX_HEAD_DIM = 256  # as in the C source
@@ -49,13 +49,14 @@ class LaneRows:
     slots: tuple[torch.Tensor, ...]
 
     @classmethod
-    def of(cls, batch: ForwardBatch) -> LaneRows:
-        slots = tuple(s.kv_slots.to(torch.int64).contiguous() for s in batch.seqs)
-        lanes = tuple(
-            (s.query_start, s.num_queries, s.first_position, t.data_ptr())
-            for s, t in zip(batch.seqs, slots, strict=True)
+    def of(cls, lanes: Sequence[tuple[int, int, int, torch.Tensor]]) -> LaneRows:
+        """lanes: per lane (first query row, queries, first position, its KV slots [context])."""
+        slots = tuple(kv_slots.to(torch.int64).contiguous() for *_, kv_slots in lanes)
+        rows = tuple(
+            (start, num_queries, first_position, t.data_ptr())
+            for (start, num_queries, first_position, _), t in zip(lanes, slots, strict=True)
         )
-        return cls(lanes, slots)
+        return cls(rows, slots)
 
 
 def takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -75,12 +76,11 @@ def takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool
 
 
 def attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: LaneRows
 ) -> torch.Tensor:
     """q [num_tokens, heads, d]; caches [slots, kv_heads, d] -> [num_tokens, heads, d]
-    (`takes(q, k_cache, v_cache)` first). batch.attn_meta may hold its LaneRows."""
+    (`takes(q, k_cache, v_cache)` first); meta: the forward's lanes (LaneRows.of)."""
     _, heads, d = q.shape
-    meta = batch.attn_meta if isinstance(batch.attn_meta, LaneRows) else LaneRows.of(batch)
     q = q.contiguous()
     out = torch.empty_like(q)
     row_bytes = heads * d * 4

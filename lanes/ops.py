@@ -257,12 +257,22 @@ class ExactOps(Ops):
     def prepare(self, batch):
         if batch.input_ids.device.type != "cpu" or not attention_cpu.available():
             return batch
-        return dataclasses.replace(batch, attn_meta=attention_cpu.LaneRows.of(batch))
+        return dataclasses.replace(batch, attn_meta=_cpu_lane_rows(batch))
 
     def attention(self, q, k_cache, v_cache, batch):
         if attention_cpu.takes(q, k_cache, v_cache):  # the C kernel: one call per lane
-            return attention_cpu.attention(q, k_cache, v_cache, batch)
+            meta = batch.attn_meta
+            if not isinstance(meta, attention_cpu.LaneRows):
+                meta = _cpu_lane_rows(batch)
+            return attention_cpu.attention(q, k_cache, v_cache, meta)
         return exact_attention(q, k_cache, v_cache, batch)
+
+
+def _cpu_lane_rows(batch) -> attention_cpu.LaneRows:
+    """The CPU attention kernel's view of a forward's lanes, as plain numbers and slot tensors."""
+    return attention_cpu.LaneRows.of(
+        [(s.query_start, s.num_queries, s.first_position, s.kv_slots) for s in batch.seqs]
+    )
 
 
 class FastOps(Ops):

@@ -98,10 +98,16 @@ def test_negative_control_a_float_linear_over_the_same_weight_depends_on_its_com
     assert not _rows_keep_their_bits(lambda t: F.linear(t, dense), x)
 
 
+def _cpu_attention(q, k_cache, v_cache, batch):
+    """The kernel over a forward's lanes as plain numbers (what ExactOps.prepare hands it)."""
+    lanes = [(s.query_start, s.num_queries, s.first_position, s.kv_slots) for s in batch.seqs]
+    return attention_cpu.attention(q, k_cache, v_cache, attention_cpu.LaneRows.of(lanes))
+
+
 def test_attention_rows_keep_their_bits_across_chunks_and_lanes():
     """A query's bits alone as a decode row, in a long prefill, in a chunk starting mid-tile
     and beside another lane (the negative control: test_exact_batching's SDPA check)."""
-    assert _attention_rows_agree(attention_cpu.attention)
+    assert _attention_rows_agree(_cpu_attention)
 
 
 def test_attention_matches_sdpa():
@@ -118,7 +124,7 @@ def test_attention_matches_sdpa():
     batch = ForwardBatch(none, none, none, seqs, none)
     assert attention_cpu.takes(q, k_cache, v_cache)
     torch.testing.assert_close(
-        attention_cpu.attention(q, k_cache, v_cache, batch),
+        _cpu_attention(q, k_cache, v_cache, batch),
         sdpa_attention(q, k_cache, v_cache, batch),
         rtol=1e-5,
         atol=1e-5,

@@ -115,6 +115,29 @@ def test_negative_control_a_lane_import_on_the_runner_side_is_found(tmp_path):
     assert _scheduler_imports(leaky, mods) == {"lanes.lane"}
 
 
+# Kernels take tensors and plain numbers: never a forward's batch or the scheduler's objects.
+# (kernels/sampling.py's reference still reads lanes.sampling's SamplingParams: issue 40.)
+RUNTIME_TYPES = {"lanes.batch", "lanes.lane", "lanes.rounds", "lanes.lane_rows", "lanes.engine"}
+
+
+def _runtime_imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    return _imports(path, mods) & RUNTIME_TYPES
+
+
+def test_kernels_take_plain_data():
+    mods = _modules()
+    leaks = {m: _runtime_imports(p, mods) for m, p in mods.items() if m.startswith("lanes.kernels")}
+    assert not any(leaks.values()), leaks
+
+
+def test_negative_control_a_batch_import_in_a_kernel_is_found(tmp_path):
+    mods = _modules()
+    leaky = tmp_path / "attention_cpu.py"
+    text = mods["lanes.kernels.attention_cpu"].read_text()
+    leaky.write_text(text + "\nfrom lanes.batch import ForwardBatch\n")
+    assert _runtime_imports(leaky, mods) == {"lanes.batch"}
+
+
 def test_no_import_circles():
     mods = _modules()
     edges = {name: _imports(path, mods) - {name} for name, path in mods.items()}
