@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -49,7 +50,10 @@ class DeepStackThreads:
 
     def run(self, call: Callable[[], T], timeout: float) -> T:
         """call() on one of the threads; its result or exception, or TimeoutError."""
-        return self.submit(call).result(timeout)
+        try:
+            return self.submit(call).result(timeout)
+        except futures.TimeoutError as e:  # the builtin one from Python 3.11, not before
+            raise TimeoutError(f"over {timeout:g} s") from e
 
     def submit(self, call: Callable[[], T]) -> Future:
         """call() on one of the threads, when one is free: its future."""

@@ -72,7 +72,7 @@ def _llguidance_text(grammar: Grammar) -> str:
     """The grammar in llguidance's form, after the bounds of lanes.grammar_limits."""
     import llguidance
 
-    check_size(grammar.kind, grammar.source)
+    check_size("tool call grammar" if grammar.kind == "lark" else grammar.kind, grammar.source)
     if grammar.kind == "json_schema":
         check_schema(json.loads(grammar.source))
         return llguidance.LLMatcher.grammar_from_json_schema(
