@@ -49,7 +49,10 @@ HOSTILE = {
 }
 
 
-def _post(port: int, path: str, body: str) -> tuple[int, bytes]:
+def post(port: int, path: str, body: str | bytes | dict) -> tuple[int, bytes]:
+    """POST to a server on loopback (a dict as its JSON); (status, body) whatever the status."""
+    if isinstance(body, dict):
+        body = json.dumps(body)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.request("POST", path, body, {"Content-Type": "application/json"})
     reply = conn.getresponse()
@@ -77,8 +80,8 @@ def main() -> None:
             if proc.poll() is not None:
                 raise SystemExit(proc.stdout.read()) from None
             time.sleep(0.5)
-    statuses = {name: _post(port, path, body)[0] for name, (path, body) in HOSTILE.items()}
-    lp_status, lp = _post(
+    statuses = {name: post(port, path, body)[0] for name, (path, body) in HOSTILE.items()}
+    lp_status, lp = post(
         port,
         "/v1/completions",
         json.dumps({"prompt": "Paris is", "max_tokens": 8, "top_p": 0.5, "logprobs": 5, "seed": 1}),

@@ -18,7 +18,6 @@ model, the shipped drafter) on this machine. Two questions from issue 39's audit
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import platform
@@ -35,7 +34,10 @@ from pathlib import Path
 
 import torch
 
+from bench.audit_server import post
+
 DRAFTER = "drafter/weights/smollm2-135m-instruct+ngram"
+CHAT = "/v1/chat/completions"
 STREAM = {
     "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}],
     "max_tokens": 60,
@@ -53,16 +55,6 @@ SCHEMA = {
     "required": ["name", "tags", "n"],
 }
 EXACT_PROMPTS = ["one two three one two three one two", "Paris is the capital of France.", "x"]
-
-
-def _post(port: int, body: dict | bytes, path: str = "/v1/chat/completions") -> tuple[int, bytes]:
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", path, raw, {"Content-Type": "application/json"})
-    reply = conn.getresponse()
-    data = reply.read()
-    conn.close()
-    return reply.status, data
 
 
 def _neighbour(kind: str, choice_chars: int) -> dict | None:
@@ -90,7 +82,7 @@ def stream_beside(port: int, kind: str, choice_chars: int) -> tuple[float, float
 
     def run_neighbour() -> None:
         start = time.perf_counter()
-        status, raw = _post(port, neighbour)
+        status, raw = post(port, CHAT, neighbour)
         assert status == 200, raw[:300]
         own.append(time.perf_counter() - start)
 
@@ -99,7 +91,7 @@ def stream_beside(port: int, kind: str, choice_chars: int) -> tuple[float, float
         thread.start()
         time.sleep(0.5)
     start = time.perf_counter()
-    status, raw = _post(port, STREAM)
+    status, raw = post(port, CHAT, STREAM)
     took = time.perf_counter() - start
     assert status == 200 and raw.decode().rstrip().endswith("[DONE]"), raw[:300]
     if thread is not None:
@@ -116,7 +108,7 @@ def check_exact(port: int) -> dict:
                     **sampling}  # fmt: skip
             outs = []
             for draft in (True, False):
-                status, raw = _post(port, {**body, "draft": draft}, "/v1/completions")
+                status, raw = post(port, "/v1/completions", {**body, "draft": draft})
                 assert status == 200, raw[:300]
                 reply = json.loads(raw)
                 choice, details = reply["choices"][0], reply["usage"]["completion_tokens_details"]
@@ -134,13 +126,13 @@ def big_bodies(port: int) -> dict:
         {"messages": [{"role": "user", "content": "word " * 800_000}], "max_tokens": 1}
     ).encode()
     with ThreadPoolExecutor(12) as pool:
-        futures = [pool.submit(_post, port, huge) for _ in range(12)]
+        futures = [pool.submit(post, port, CHAT, huge) for _ in range(12)]
         time.sleep(0.2)
         start = time.perf_counter()
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=600).read()
         health = time.perf_counter() - start
         start = time.perf_counter()
-        status, _ = _post(port, {"prompt": "hello", "max_tokens": 1}, "/v1/completions")
+        status, _ = post(port, "/v1/completions", {"prompt": "hello", "max_tokens": 1})
         other = time.perf_counter() - start
         statuses = sorted({f.result()[0] for f in futures})
     return {"health_s": health, "other_completion_s": other, "big_statuses": statuses}

@@ -213,8 +213,7 @@ def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
     dtype = getattr(torch, EngineConfig(dtype=args.dtype, device=device).torch_dtype_name)
     numel = sum(math.prod(shape) for shape in ckpt.shapes.values())
     weight_bytes = numel * dtype.itemsize // args.tensor_parallel
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    return size(args.gpu_memory_utilization, total, weight_bytes)
+    return size(args.gpu_memory_utilization, _device_memory(device), weight_bytes)
 
 
 def chat_template_text(given: str) -> str:
@@ -237,14 +236,18 @@ def chat_template_text(given: str) -> str:
     return given
 
 
-def _fits_memory(kv_bytes: int, device: str) -> int:
-    """The KV pool's bytes, refused where the device does not have them at all."""
+def _device_memory(device: str) -> int:
+    """Bytes of memory the device has: a GPU's, or the machine's for the CPU."""
     import torch
 
     if device.startswith("cuda"):
-        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _fits_memory(kv_bytes: int, device: str) -> int:
+    """The KV pool's bytes, refused where the device does not have them at all."""
+    total = _device_memory(device)
     if kv_bytes > total:
         raise _CliError(
             f"--kv-cache-bytes {kv_bytes} is more than the {device} memory ({total} bytes)"

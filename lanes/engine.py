@@ -21,7 +21,7 @@ from lanes.cache.block_table import BlockTable
 from lanes.cache.kv_pool import KVPool
 from lanes.cache.prompt_cache import PromptCache
 from lanes.chat import Chat
-from lanes.config import ConfigError, EngineConfig
+from lanes.config import EngineConfig
 from lanes.detokenize import IncrementalDetokenizer
 from lanes.device_sampling import sample_rows, to_host
 from lanes.draft_costs import (
@@ -109,15 +109,7 @@ class Engine:
         runner holds the target and its KV; comm is a lanes.parallel.Comm when this engine is
         rank 0 of a tensor-parallel group."""
         self.config = cfg = config
-        self.model_config = mc = checkpoint.config
-        if (
-            cfg.max_model_len is not None
-            and cfg.max_model_len > self.model_config.max_position_embeddings
-        ):
-            raise ConfigError(
-                f"max_model_len {cfg.max_model_len} is above the model's context "
-                f"({self.model_config.max_position_embeddings} tokens)"
-            )
+        self.model_config = mc = checkpoint.config  # its context cut to max_model_len (build)
         self.tokenizer = checkpoint.tokenizer
         self.fingerprint = checkpoint.fingerprint
         self.source = checkpoint.source

@@ -20,8 +20,8 @@ class HeaderDeadlineH11(H11Protocol):
     header_timeout = HEADER_TIMEOUT_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
         self._arm_header_deadline()
 
     def on_response_complete(self) -> None:
@@ -44,9 +44,8 @@ class HeaderDeadlineH11(H11Protocol):
         self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_late)
 
     def _disarm_header_deadline(self) -> None:
-        deadline = getattr(self, "_header_deadline", None)
-        if deadline is not None:
-            deadline.cancel()
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
             self._header_deadline = None
 
     def _headers_late(self) -> None:

@@ -41,14 +41,14 @@ class MaskBudget:
         if share <= 0:
             raise ValueError(f"the mask share must be positive, got {share}")
         self.share = share
-        self._debt: dict[int, float] = {}  # request id -> seconds owed
+        self._debt: dict[int, float] = {}  # request id -> seconds owed (> 0 only)
         self._seen: dict[int, float] = {}  # request id -> mask seconds already charged
         self.num_rests = 0  # lane-rounds left out, for metrics and tests
 
     def runnable(self, lanes: Sequence[L]) -> list[L]:
         """The lanes to plan this round: all but those that owe mask time, unless every lane
         owes (then none waits for another)."""
-        owing = {lane.request_id for lane in lanes if self._debt.get(lane.request_id, 0.0) > 0}
+        owing = {lane.request_id for lane in lanes if lane.request_id in self._debt}
         if not owing or len(owing) == len(lanes):
             return list(lanes)
         self.num_rests += len(owing)
@@ -60,12 +60,16 @@ class MaskBudget:
         spent = {}
         for lane in lanes:
             total = lane.mask_seconds
-            spent[lane.request_id] = total - self._seen.get(lane.request_id, 0.0)
-            self._seen[lane.request_id] = total
+            if total:  # lanes without a grammar never owe: nothing to keep for them
+                spent[lane.request_id] = total - self._seen.get(lane.request_id, 0.0)
+                self._seen[lane.request_id] = total
         other_work = max(0.0, round_seconds - sum(spent.values()))
         for rid, seconds in spent.items():
             owed = self._debt.get(rid, 0.0) + seconds - self.share * other_work
-            self._debt[rid] = max(0.0, owed)  # no credit is banked for later
+            if owed > 0:
+                self._debt[rid] = owed
+            else:  # no credit is banked for later
+                self._debt.pop(rid, None)
 
     def forget(self, request_id: int) -> None:
         """A lane that ended."""

@@ -116,3 +116,17 @@ def run_clients(server: LiveServer, one, n: int) -> list:
             await client.close()
 
     return asyncio.run(main())
+
+
+def openai_error(raw: bytes) -> dict:
+    """The error object of an OpenAI-style error body, checked to have exactly its four fields."""
+    body = json.loads(raw)
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def assert_serving(server: LiveServer) -> None:
+    """/health says ok and a small completion gets a 200."""
+    assert json.loads(server.get("/health")) == {"status": "ok"}
+    status, raw = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 2})
+    assert status == 200, raw

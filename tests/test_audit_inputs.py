@@ -13,7 +13,7 @@ import pytest
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.async_engine import AsyncEngine
 from lanes.tools import ToolCallStream, parse_tools
-from tests.live_server import MODEL, LiveServer
+from tests.live_server import MODEL, LiveServer, assert_serving, openai_error
 
 FUNCTION = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
@@ -23,18 +23,6 @@ def server(long_model_dir):
     engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=8))
     with LiveServer(engine) as live:
         yield live
-
-
-def _error(raw: bytes) -> dict:
-    body = json.loads(raw)
-    assert set(body["error"]) == {"message", "type", "param", "code"}, body
-    return body["error"]
-
-
-def _alive(server) -> None:
-    assert json.loads(server.get("/health")) == {"status": "ok"}
-    status, raw = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 2})
-    assert status == 200, raw
 
 
 def _chat(**extra) -> dict:
@@ -72,8 +60,8 @@ def _chat(**extra) -> dict:
 def test_inputs_that_were_500s_are_400s(server, path, body, words):
     status, raw = server.post(path, body)
     assert status == 400, raw
-    assert words in _error(raw)["message"]
-    _alive(server)
+    assert words in openai_error(raw)["message"]
+    assert_serving(server)
 
 
 def test_tokenize_takes_the_messages_chat_takes(server):
@@ -100,7 +88,7 @@ def test_content_type_must_be_json(server):
 
 def test_a_404_does_not_echo_a_long_path(server):
     status, raw = server.post("/v1/" + "x" * 100_000, {"prompt": "a"})
-    assert status == 404 and len(_error(raw)["message"]) < 200
+    assert status == 404 and len(openai_error(raw)["message"]) < 200
 
 
 def test_big_messages_are_refused_before_tokenizing(server, monkeypatch):
@@ -119,9 +107,9 @@ def test_big_messages_are_refused_before_tokenizing(server, monkeypatch):
     status, raw = server.post(
         "/v1/chat/completions", _chat(messages=[{"role": "user", "content": huge}])
     )
-    assert status == 400 and "characters" in _error(raw)["message"], raw
+    assert status == 400 and "characters" in openai_error(raw)["message"], raw
     status, raw = server.post("/tokenize", {"prompt": huge})
-    assert status == 400 and "characters" in _error(raw)["message"], raw
+    assert status == 400 and "characters" in openai_error(raw)["message"], raw
     assert time.perf_counter() - start < 5
     assert not any(n >= len(huge) for n in seen), seen
     status, raw = server.post("/tokenize", {"prompt": "word " * 100})
@@ -174,7 +162,7 @@ def test_a_streamed_tool_call_with_a_bad_escape_ends_cleanly(server):
         (c["delta"].get("content") or "") for e in events[:-1] for c in json.loads(e)["choices"]
     )
     assert "get\\q" in text_out
-    _alive(server)
+    assert_serving(server)
 
 
 def test_cancelled_ids_of_finished_requests_are_not_kept(long_model_dir):
@@ -261,6 +249,8 @@ def test_half_sent_headers_are_closed_after_the_deadline(long_model_dir):
         start = time.perf_counter()
         assert stalled.recv(100) == b""  # closed by the server
         assert 0.3 < time.perf_counter() - start < 3
-        _alive(live)  # and whole requests are served, also after the deadline would have passed
+        assert_serving(
+            live
+        )  # and whole requests are served, also after the deadline would have passed
         time.sleep(0.7)
-        _alive(live)
+        assert_serving(live)

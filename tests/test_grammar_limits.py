@@ -16,7 +16,7 @@ import pytest
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.grammar import Grammar, GrammarCompiler
 from lanes.grammar_limits import MAX_GRAMMAR_RULES, MAX_REF_CHAIN, GrammarTooLarge, check_schema
-from tests.live_server import MODEL, LiveServer
+from tests.live_server import MODEL, LiveServer, assert_serving
 
 
 def ref_chain(n: int) -> dict:
@@ -52,12 +52,6 @@ def server(long_model_dir):
 def _chat(extra: dict, stream: bool = False) -> dict:
     messages = [{"role": "user", "content": "hi"}]
     return {"model": MODEL, "messages": messages, "max_tokens": 12, "stream": stream, **extra}
-
-
-def _alive(server) -> None:
-    assert json.loads(server.get("/health")) == {"status": "ok"}
-    status, raw = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 2})
-    assert status == 200, raw
 
 
 def test_negative_control_a_plain_thread_dies_on_the_chain(tmp_path, long_model_dir):
@@ -122,7 +116,7 @@ def test_grammars_past_the_bounds_are_a_400_and_the_server_lives(server, extra, 
         assert words in message, message
         assert len(message) < 400  # no grammar echoed back, no backtrace
     assert took < 5, took  # the GBNF chain cost 136 s of converting before the bound
-    _alive(server)
+    assert_serving(server)
 
 
 @pytest.mark.parametrize(
@@ -149,7 +143,7 @@ def test_a_grammar_failing_mid_generation_is_an_error_not_stop(server, extra, st
         ]
         assert finishes[-1] == "error" and "stop" not in finishes, events
         assert "GrammarFailed" in json.loads(events[-2])["error"]["message"], events
-    _alive(server)
+    assert_serving(server)
 
 
 def test_the_cursor_raises_when_the_engine_errs(long_model_dir):

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from lanes import Engine, EngineConfig, build_engine
-from tests.live_server import MODEL, LiveServer
+from tests.live_server import MODEL, LiveServer, openai_error
 
 LONG = [(7 * i) % 370 + 3 for i in range(1500)]
 
@@ -27,9 +27,7 @@ def server(long_model_dir):
 
 
 def _error(status: int, raw: bytes) -> dict:
-    body = json.loads(raw)
-    assert set(body["error"]) == {"message", "type", "param", "code"}, body
-    return body["error"]
+    return openai_error(raw)
 
 
 def _strict_json(text: str):
