@@ -6,11 +6,20 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 
-from lanes.serve_options import parse_bytes
+from lanes.serve_options import (
+    byte_size,
+    chat_template_text,
+    device_memory,
+    device_name,
+    fits_memory,
+    origins,
+    port_number,
+    positive_bytes,
+    positive_int,
+)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -107,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         prompt_cache_bytes=args.prompt_cache_bytes,
         state_snapshot_bytes=args.state_snapshot_bytes,
-        kv_cache_bytes=_fits_memory(512 * 2**20 if kv_bytes is None else kv_bytes, device),
+        kv_cache_bytes=fits_memory(512 * 2**20 if kv_bytes is None else kv_bytes, device),
         overlap=args.overlap,
         prefetch_masks=args.prefetch_masks,
         device_rounds=args.device_rounds,
@@ -213,98 +222,7 @@ def _kv_bytes_for(args: argparse.Namespace, model, device: str, size) -> int:
     dtype = getattr(torch, EngineConfig(dtype=args.dtype, device=device).torch_dtype_name)
     numel = sum(math.prod(shape) for shape in ckpt.shapes.values())
     weight_bytes = numel * dtype.itemsize // args.tensor_parallel
-    return size(args.gpu_memory_utilization, _device_memory(device), weight_bytes)
-
-
-def chat_template_text(given: str) -> str:
-    """--chat-template: a file's text, or the template itself; checked that it compiles. A path
-    that names nothing (a typo) is an error, never a template that renders as that path."""
-    from pathlib import Path
-
-    from lanes.chat import check_template
-
-    path = Path(given)
-    if "{{" not in given and "{%" not in given:  # not a template: it must be a file
-        try:
-            given = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise _CliError(f"--chat-template {given[:200]}: not a readable file ({e})") from e
-    try:
-        check_template(given)
-    except ValueError as e:
-        raise _CliError(f"--chat-template: {e}") from e
-    return given
-
-
-def _device_memory(device: str) -> int:
-    """Bytes of memory the device has: a GPU's, or the machine's for the CPU."""
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _fits_memory(kv_bytes: int, device: str) -> int:
-    """The KV pool's bytes, refused where the device does not have them at all."""
-    total = _device_memory(device)
-    if kv_bytes > total:
-        raise _CliError(
-            f"--kv-cache-bytes {kv_bytes} is more than the {device} memory ({total} bytes)"
-        )
-    return kv_bytes
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r:.40}") from e
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _bytes(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as e:  # argparse shows an ArgumentTypeError's own message
-        raise argparse.ArgumentTypeError(str(e)) from e
-
-
-def _positive_bytes(text: str) -> int:
-    value = _bytes(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r:.40}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
-    return value
-
-
-def _device(text: str) -> str:
-    import re
-
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r:.40}")
-    return text
-
-
-def _origins(text: str) -> tuple[str, ...]:
-    """--allowed-origins as vLLM takes it (a JSON list) or comma-separated."""
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = [part.strip() for part in text.split(",") if part.strip()]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError(f"expected a list of origins, got {text!r:.80}")
-    return tuple(value)
+    return size(args.gpu_memory_utilization, device_memory(device), weight_bytes)
 
 
 def serve_engine(
@@ -611,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
     model.add_argument(
-        "--device", type=_device, default=None, help="cpu or cuda (default: cuda if present)"
+        "--device", type=device_name, default=None, help="cpu or cuda (default: cuda if present)"
     )
     model.add_argument(
         "--gguf-packed",
@@ -624,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor-parallel",
         "--tensor-parallel-size",
         "-tp",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="ranks (processes; one GPU each on CUDA)",
     )
@@ -651,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument(
         "--max-tokens-per-round",
         "--max-num-batched-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="tokens (decode rows and prompt chunks) one round may carry (default 2048)",
     )
@@ -672,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched.add_argument("--seed", type=int, default=None, help="seed for unseeded sampled requests")
     memory.add_argument(
-        "--kv-cache-bytes", type=_positive_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
+        "--kv-cache-bytes", type=positive_bytes, default=None, help="bytes, or 1GiB, 512MiB, 2G"
     )
     memory.add_argument(
         "--gpu-memory-utilization",
@@ -680,15 +598,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CUDA: size the KV pool so the engine uses this share of the GPU's memory",
     )
-    memory.add_argument("--prompt-cache-bytes", type=_bytes, default=256 * 2**20)
+    memory.add_argument("--prompt-cache-bytes", type=byte_size, default=256 * 2**20)
     memory.add_argument(
         "--state-snapshot-bytes",
-        type=_bytes,
+        type=byte_size,
         default=256 * 2**20,
         help="hybrid (Qwen3.5) models: recurrent-state snapshots kept for cached prefixes",
     )
     http.add_argument("--host", default="127.0.0.1")
-    http.add_argument("--port", type=_port, default=8000)
+    http.add_argument("--port", type=port_number, default=8000)
     http.add_argument(
         "--api-key",
         action="append",
@@ -699,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     http.add_argument(
         "--allowed-origins",
-        type=_origins,
+        type=origins,
         default=(),
         help='browser origins CORS lets in: a JSON list or comma-separated, "*" for any '
         "(default: none, so no web page can drive the server)",

@@ -1,10 +1,14 @@
 """`lanes serve` options as vLLM users type them: byte sizes with units, `--speculative-config`
-JSON, `--gpu-memory-utilization`; each bad value is a one-line error naming the flag."""
+JSON, `--gpu-memory-utilization`, ports, devices, origins, a chat template file; each bad value
+is a one-line error naming the flag (argparse types raise ArgumentTypeError, the rest
+ValueError, which `lanes` prints as one line)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import re
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -69,3 +73,89 @@ def kv_bytes_for_utilization(fraction: float, total_bytes: int, weight_bytes: in
             f"not hold the weights ({weight_bytes / 2**30:.1f} GiB) and a 1 GiB margin"
         )
     return room
+
+
+def chat_template_text(given: str) -> str:
+    """--chat-template: a file's text, or the template itself; checked that it compiles. A path
+    that names nothing (a typo) is an error, never a template that renders as that path."""
+    from pathlib import Path
+
+    from lanes.chat import check_template
+
+    if "{{" not in given and "{%" not in given:  # not a template: it must be a file
+        try:
+            given = Path(given).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template {given[:200]}: not a readable file ({e})") from e
+    try:
+        check_template(given)
+    except ValueError as e:
+        raise ValueError(f"--chat-template: {e}") from e
+    return given
+
+
+def device_memory(device: str) -> int:
+    """Bytes of memory the device has: a GPU's, or the machine's for the CPU."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fits_memory(kv_bytes: int, device: str) -> int:
+    """The KV pool's bytes, refused where the device does not have them at all."""
+    total = device_memory(device)
+    if kv_bytes > total:
+        raise ValueError(
+            f"--kv-cache-bytes {kv_bytes} is more than the {device} memory ({total} bytes)"
+        )
+    return kv_bytes
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r:.40}") from e
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def positive_bytes(text: str) -> int:
+    value = byte_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r:.40}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
+    return value
+
+
+def device_name(text: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r:.40}")
+    return text
+
+
+def origins(text: str) -> tuple[str, ...]:
+    """--allowed-origins as vLLM takes it (a JSON list) or comma-separated."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = [part.strip() for part in text.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a list of origins, got {text!r:.80}")
+    return tuple(value)

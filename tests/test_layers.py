@@ -21,7 +21,7 @@ LAYERS = [
     # the API and tools that build engines: the CLI, the server, `lanes distill`
     ("api", ["lanes", "lanes.cli", "lanes.serve_options", "lanes.server", "lanes.openai_api",
              "lanes.async_engine", "lanes.drafter.distill", "lanes.utility_api",
-             "lanes.server_metrics", "lanes.tools", "lanes.http_protocol"]),
+             "lanes.server_metrics", "lanes.tools", "lanes.http_protocol", "lanes.responses"]),
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
                 "lanes.inflight", "lanes.draft_costs", "lanes.recurrent",

@@ -1,0 +1,302 @@
+"""One HTTP request's answer: its choices streamed as SSE chunks or gathered into one OpenAI
+response object, its usage, tool calls, logprobs, its metrics and its log line; and the
+OpenAI-style error response."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from lanes import __version__
+from lanes.async_engine import Aborted, Delta, Failed, Finished, RequestHandle, ShuttingDown
+from lanes.openai_api import (
+    ApiError,
+    ParsedRequest,
+    chat_logprobs,
+    completion_logprobs,
+    usage,
+)
+from lanes.server_metrics import finish_reason
+from lanes.tools import ToolCallStream
+
+log = logging.getLogger("lanes")
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+class RequestContext:
+    """One HTTP request's choices: streamed as SSE chunks, or gathered into one response."""
+
+    def __init__(
+        self,
+        chat,
+        parsed: ParsedRequest,
+        handles,
+        model_name,
+        tokenizer,
+        metrics,
+        fingerprint,
+        log_requests: bool = False,
+        report_cached_tokens: bool = False,
+    ):
+        self.chat, self.parsed, self.handles = chat, parsed, handles
+        self.model, self.tokenizer, self.metrics = model_name, tokenizer, metrics
+        self.log_requests = log_requests
+        self.report_cached_tokens = report_cached_tokens
+        self.started = time.perf_counter()
+        # each choice's end: its Completion, "error", or "abort" (the client left, or shutdown)
+        self._outcomes: dict[int, object] = {}
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+        self._counted: set[int] = set()  # choices already in lanes_requests_total
+        self._text_offsets: dict[int, int] = {}  # choice -> characters streamed so far
+        # which build and weights answered (OpenAI's field; changes when either does)
+        self.fingerprint = f"lanes-{__version__}-{fingerprint[:12]}"
+
+    def _count(self, i: int, event: Finished | Failed | Aborted | None) -> None:
+        """Each choice once in the request metrics: as it ended, or as aborted if the client
+        left first."""
+        if i in self._counted:
+            return
+        self._counted.add(i)
+        if isinstance(event, Finished):
+            self.metrics.observe(self.handles[i].prompt_len, event.completion)
+            self._outcomes[i] = event.completion
+        else:
+            self._outcomes[i] = "error" if isinstance(event, Failed) else "abort"
+            self.metrics.requests.labels(self._outcomes[i]).inc()
+        if len(self._counted) == len(self.handles) and self.log_requests:
+            self._log_request()
+
+    def _log_request(self) -> None:
+        """One line per request once every choice has ended."""
+        ended = [self._outcomes[i] for i in range(len(self.handles))]
+        done = {i: c for i, c in enumerate(ended) if not isinstance(c, str)}
+        outcome = "error" if "error" in ended else "aborted" if "abort" in ended else "ok"
+        tokens = self._finish(done, for_client=False)  # the response's usage, and cached
+        ttfts = [c.ttft for c in done.values() if c.ttft is not None]
+        log.info(
+            "request %s: %s | %d choice%s | prompt %d tokens (%d cached) | completion %d tokens "
+            "| TTFT %s | %.3f s | finish %s",
+            self.id,
+            outcome,
+            len(ended),
+            "" if len(ended) == 1 else "s",
+            tokens["prompt_tokens"],
+            tokens["prompt_tokens_details"]["cached_tokens"],
+            tokens["completion_tokens"],
+            f"{min(ttfts):.3f} s" if ttfts else "-",
+            time.perf_counter() - self.started,
+            ",".join(sorted({finish_reason(c) for c in done.values()})) or "-",
+        )
+
+    async def _events(self) -> AsyncIterator[tuple[int, object]]:
+        """(choice index, event) from every choice, as they come; ends when all are finished."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, h: RequestHandle) -> None:
+            while True:
+                event = await h.next_event()
+                await merged.put((i, event))
+                if isinstance(event, Finished | Failed | Aborted):
+                    return
+
+        tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(self.handles)]
+        try:
+            for _ in range(sum(1 for _ in self.handles)):
+                while True:
+                    i, event = await merged.get()
+                    if isinstance(event, Finished | Failed | Aborted):
+                        self._count(i, event)
+                    yield i, event
+                    if isinstance(event, Finished | Failed | Aborted):
+                        break
+        finally:
+            for t in tasks:
+                t.cancel()
+            for i, h in enumerate(self.handles):  # a no-op for finished requests
+                h.cancel()
+                self._count(i, None)
+
+    def _finish(self, completions: dict[int, object], for_client: bool = True) -> dict:
+        """The usage of these choices; cached_tokens for the client only where the server
+        reports them (report_cached_tokens), always for the log."""
+        done = list(completions.values())
+        prompt_tokens = sum(h.prompt_len for h in self.handles[:: len(self.parsed.params)])
+        cached = sum(
+            c.cached_tokens for i, c in completions.items() if i % len(self.parsed.params) == 0
+        )
+        out = usage(prompt_tokens, done, cached)
+        if for_client and not self.report_cached_tokens:
+            out["prompt_tokens_details"] = None
+        return out
+
+    def _logprobs(self, i: int, token_ids, logprobs, top, streamed: bool = False) -> dict | None:
+        if self.parsed.logprobs is None:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer, token_ids, logprobs, top)
+        start = self._text_offsets.get(i, 0) if streamed else 0
+        out = completion_logprobs(self.tokenizer, token_ids, logprobs, top, start)
+        if streamed:  # the next chunk's offsets go on from here
+            self._text_offsets[i] = start + sum(len(t) for t in out["tokens"])
+        return out
+
+    @staticmethod
+    def _failure(event: Failed) -> ApiError:
+        if isinstance(event.error, ShuttingDown):
+            return ApiError(str(event.error), status=503, kind="server_error")
+        return ApiError(
+            f"{event.error}; the server log has the details", status=500, kind="server_error"
+        )
+
+    async def whole(self, request: Request) -> Response:
+        completions: dict[int, object] = {}
+        watcher = asyncio.create_task(self._watch_disconnect(request))
+        try:
+            async for i, event in self._events():
+                if isinstance(event, Failed):
+                    return error_response(self._failure(event))
+                if isinstance(event, Aborted):
+                    message = "the server is shutting down"
+                    return error_response(ApiError(message, status=503, kind="server_error"))
+                if isinstance(event, Finished):
+                    completions[i] = event.completion
+        finally:
+            watcher.cancel()
+        choices = []
+        for i in sorted(completions):
+            c = completions[i]
+            lp = self._logprobs(i, c.token_ids, c.logprobs, c.top_logprobs)
+            if self.chat:
+                message, reason = self._message(c)
+                choices.append(
+                    {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
+                )
+            else:
+                choices.append(
+                    {"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish_reason(c)}
+                )
+        body = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+            "usage": self._finish(completions),
+        }
+        return JSONResponse(body)
+
+    def _message(self, c) -> tuple[dict, str]:
+        """A chat choice's message and finish_reason: with tools, the <tool_call> blocks of its
+        text become tool_calls (finish_reason "tool_calls")."""
+        reason = finish_reason(c)
+        tools = self.parsed.tools
+        content, calls = tools.parse(c.text) if tools is not None else (c.text, [])
+        if not calls:
+            return {"role": "assistant", "content": c.text}, reason
+        return (
+            {"role": "assistant", "content": content, "tool_calls": calls},
+            "tool_calls" if reason == "stop" else reason,
+        )
+
+    def _tool_delta(self, i: int, content: str, calls: list) -> str:
+        """A chunk of a chat with tools: content as it comes, tool_calls deltas (a call's
+        header, then pieces of its arguments) as ToolCallStream makes them."""
+        d: dict = {"content": content} if content else {}
+        if calls:
+            d["tool_calls"] = calls
+        return self._chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}])
+
+    async def _watch_disconnect(self, request: Request) -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+        for h in self.handles:
+            h.cancel()
+
+    def _chunk(self, choices: list, usage_: dict | None = None) -> str:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        body = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+        }
+        if usage_ is not None:
+            body["usage"] = usage_
+        return f"data: {json.dumps(body)}\n\n"
+
+    def _last_chunk(self, i: int, reason: str) -> str:
+        """The chunk that ends choice i: no new text, its finish_reason."""
+        empty = {"delta": {}} if self.chat else {"text": ""}
+        return self._chunk([{"index": i, **empty, "logprobs": None, "finish_reason": reason}])
+
+    async def sse(self) -> AsyncIterator[str]:
+        completions: dict[int, object] = {}
+        if self.chat:
+            yield self._chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    for i in range(len(self.handles))
+                ]
+            )
+        tools = self.parsed.tools  # with tools: the <tool_call> blocks become tool_calls
+        streams = {i: ToolCallStream(tools) for i in range(len(self.handles))} if tools else {}
+        async for i, event in self._events():
+            if isinstance(event, Delta) and streams:
+                content, calls = streams[i].feed(event.text)
+                if content or calls:
+                    yield self._tool_delta(i, content, calls)
+            elif isinstance(event, Delta):
+                lp = self._logprobs(
+                    i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
+                )
+                if self.chat:
+                    choice = {
+                        "index": i,
+                        "delta": {"content": event.text},
+                        "logprobs": lp,
+                        "finish_reason": None,
+                    }
+                else:
+                    choice = {"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}
+                yield self._chunk([choice])
+            elif isinstance(event, Finished):
+                completions[i] = event.completion
+                reason = finish_reason(event.completion)
+                if streams:
+                    rest = streams[i].flush()
+                    if rest:
+                        yield self._tool_delta(i, rest, [])
+                    if streams[i].num_calls and reason == "stop":
+                        reason = "tool_calls"
+                yield self._last_chunk(i, reason)
+            elif isinstance(event, Aborted):
+                yield self._last_chunk(i, "abort")
+            elif isinstance(event, Failed):  # the choice ends "error", then the error itself
+                yield self._last_chunk(i, "error")
+                yield f"data: {json.dumps(self._failure(event).body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+        total = self._finish(completions)
+        if self.parsed.include_usage:
+            yield self._chunk([], total)
+        yield "data: [DONE]\n\n"
