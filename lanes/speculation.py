@@ -1,4 +1,5 @@
-"""Speculative verification: which drafted tokens the target keeps, and how many to draft.
+"""Speculative verification: which drafted tokens the target keeps (how many to draft:
+lanes/drafting.py).
 
 `coupled` (default): the target samples its own token at every drafted position with the same
 position-keyed noise as undrafted decoding; a draft is kept iff it equals that token, and the
@@ -12,11 +13,9 @@ The output follows the target's distribution but is not the undrafted stream tok
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
-from lanes.metrics import add_counts
 from lanes.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -27,33 +26,7 @@ from lanes.sampling import (
     uniform_at,
 )
 
-if TYPE_CHECKING:
-    from lanes.lane import Lane
-
 VERIFY_MODES = ("coupled", "rejection")
-_EMA = 0.3  # weight of the newest verify step in a lane's running acceptance
-_MIN_USE = 0.2  # draft k tokens while the k-th one still has this chance of being kept
-
-
-def choose_num_drafts(lane: Lane, max_drafts: int) -> int:
-    """Adaptive k: the largest k <= max_drafts whose k-th draft is kept with probability
-    >= _MIN_USE under the lane's running per-token acceptance a (kept with a**k). At least 1.
-    It changes speed only: coupled verification gives the same tokens for any k."""
-    a = lane.acceptance_ema
-    k = 1
-    while k < max_drafts and a ** (k + 1) >= _MIN_USE:
-        k += 1
-    return k
-
-
-def record_verify(lane: Lane, num_drafts: int, num_accepted: int) -> None:
-    lane.num_drafted += num_drafts
-    lane.num_accepted += num_accepted
-    lane.num_verify_steps += 1
-    add_counts(lane.drafted_at, [1] * num_drafts)  # positions 0..k-1 were drafted
-    add_counts(lane.accepted_at, [1] * num_accepted)
-    if num_drafts:
-        lane.acceptance_ema = (1 - _EMA) * lane.acceptance_ema + _EMA * num_accepted / num_drafts
 
 
 def verify(

@@ -101,7 +101,7 @@ def test_repeated_cancellations_accumulate(engine, params):
 
 def test_negative_control_no_publication_on_cancel(engine):
     """Without publishing on cancel, nothing is kept: the retry finds no cached tokens."""
-    engine._publish = lambda lane: None
+    engine.scheduler.publish = lambda lane: None
     run(engine, GREEDY, cancel_when=computed(4 * BS))
     assert run(engine, GREEDY).cached_tokens == 0
 
@@ -112,27 +112,27 @@ def test_negative_control_other_salt_gets_no_hit(engine):
     assert run(engine, GREEDY).cached_tokens == 4 * BS
 
 
-class EarlyPublishingEngine(Engine):
+def publishing_early(scheduler):
     """The bug class the design forbids: publishing a round's blocks when it is planned, before
     the forwards that write them have run."""
+    plan = scheduler.plan
 
-    def _plan(self):
-        plan = super()._plan()
-        for step in plan.steps:
+    def plan_and_publish(num_drafts):
+        round_plan = plan(num_drafts)
+        for step in round_plan.steps:
             lane, real = step.lane, step.lane.num_computed
             lane.num_computed = max(real, step.end)
-            self._publish(lane)
+            scheduler.publish(lane)
             lane.num_computed = real
-        return plan
+        return round_plan
+
+    scheduler.plan = plan_and_publish
 
 
 def test_negative_control_publishing_before_the_forward_is_caught(llama_dir):
     """The resumed == fresh check above detects blocks published before their KV exists."""
-    engine = build_engine(
-        str(llama_dir),
-        EngineConfig(block_size=BS, prefill_chunk=BS),
-        engine_type=EarlyPublishingEngine,
-    )
+    engine = build_engine(str(llama_dir), EngineConfig(block_size=BS, prefill_chunk=BS))
+    publishing_early(engine.scheduler)
     run(engine, GREEDY, cancel_when=computed(BS))  # the round's later forwards never run
     retry = run(engine, GREEDY)
     assert retry.cached_tokens == 6 * BS  # the bogus blocks were found ...

@@ -37,10 +37,10 @@ def _engine(tiny_models, engine_type=Engine, **config):
 
 def _counted(engine, monkeypatch) -> dict[str, int]:
     """Counts of batched processing calls and of host-path verifications."""
-    import lanes.engine
+    import lanes.verifier
 
     counts = {"batched": 0, "host": 0}
-    batched, host = lanes.engine.process_rows, engine._verify_on_host
+    batched, host = lanes.verifier.process_rows, engine.verifier.verify_on_host
 
     def count_batched(*a):
         counts["batched"] += 1
@@ -50,8 +50,8 @@ def _counted(engine, monkeypatch) -> dict[str, int]:
         counts["host"] += 1
         return host(*a)
 
-    monkeypatch.setattr(lanes.engine, "process_rows", count_batched)
-    monkeypatch.setattr(engine, "_verify_on_host", count_host)
+    monkeypatch.setattr(lanes.verifier, "process_rows", count_batched)
+    monkeypatch.setattr(engine.verifier, "verify_on_host", count_host)
     return counts
 
 

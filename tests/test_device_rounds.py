@@ -246,7 +246,7 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
     (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=12))
     assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:12]
     assert 2 <= engine.device_rounds.num_rounds <= 3
-    assert engine._device_paused_until > engine.metrics.num_rounds
+    assert engine.device_driver.paused_until > engine.metrics.num_rounds
     # a new request is judged afresh: device rounds start for it although the pause is on
     before = engine.device_rounds.num_rounds
     engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=6))

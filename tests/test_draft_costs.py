@@ -74,7 +74,7 @@ def test_a_drafter_that_does_not_pay_stops_drafting(llama_dir, records):
     aware, outs2 = _drafted(llama_dir, records, SlowReplay(recorded, 0.3, vocab, delay=0.03), True)
     drafted_naive = sum(o.num_drafted for o in outs)
     drafted_aware = sum(o.num_drafted for o in outs2)
-    assert aware.draft_costs.measured
+    assert aware.drafting.costs.measured
     assert drafted_aware < drafted_naive / 3  # only the first rounds and the probes draft
     assert drafted_aware > 0
 
@@ -84,7 +84,7 @@ def test_a_drafter_that_pays_keeps_drafting(llama_dir, records):
     engine, outs = _drafted(llama_dir, records, ReplayProposer(recorded, 1.0, 384), True)
     steps = sum(o.num_target_steps for o in outs)
     tokens = sum(len(o.token_ids) for o in outs)
-    assert engine.draft_costs.measured
+    assert engine.drafting.costs.measured
     assert tokens / steps > 3.0  # all but the plain rounds draft the full k of 4, all kept
 
 

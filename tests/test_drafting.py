@@ -169,14 +169,14 @@ def test_device_drafts_feed_the_verify_forward(target_dir, undrafted):
         EngineConfig(num_draft_tokens=4, adaptive_drafts=False),
         proposer=ModelDrafter(ckpt, ckpt.tokenizer, EngineConfig()),
     )
-    fill, on_device = engine._fill_drafts, []
+    fill, on_device = engine.drafting.fill, []
 
     def recording(plan):
         plan = fill(plan)
         on_device.extend(s.draft_source is not None for s in plan.decode)
         return plan
 
-    engine._fill_drafts = recording
+    engine.drafting.fill = recording
     outs = engine.generate(PROMPTS, GREEDY)
     assert on_device and all(on_device)
     for p, out in zip(PROMPTS, outs, strict=True):

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import lanes.engine
+import lanes.scheduler
+import lanes.verifier
 from lanes import Engine, EngineConfig, SamplingParams, build_engine
 from tests.live_server import MODEL, LiveServer
 
@@ -44,14 +45,14 @@ class Injector:
 
             monkeypatch.setattr(engine.tokenizer, "encode", bad_encode)
         elif stage == "plan":
-            plan_round = lanes.engine.plan_round
+            plan_round = lanes.scheduler.plan_round
 
             def bad_plan(running, *a, **kw):
                 if _poisoned(running):
                     self.fire()
                 return plan_round(running, *a, **kw)
 
-            monkeypatch.setattr(lanes.engine, "plan_round", bad_plan)
+            monkeypatch.setattr(lanes.scheduler, "plan_round", bad_plan)
         elif stage == "draft":
             self._wrap(monkeypatch, engine.proposer, "propose", lambda lanes, *a: _poisoned(lanes))
         elif stage == "forward":
@@ -65,16 +66,16 @@ class Injector:
                 ),
             )
         elif stage == "sample":
-            verify = lanes.engine.verify
+            verify = lanes.verifier.verify
 
             def bad_verify(mode, rows, drafts, draft_lp, params, *rest):
                 if params.seed == POISON_SEED:
                     self.fire()
                 return verify(mode, rows, drafts, draft_lp, params, *rest)
 
-            monkeypatch.setattr(lanes.engine, "verify", bad_verify)
+            monkeypatch.setattr(lanes.verifier, "verify", bad_verify)
         elif stage == "output":
-            self._wrap(monkeypatch, engine, "_append", lambda lane, *a: _poisoned([lane]))
+            self._wrap(monkeypatch, engine.output, "append", lambda lane, *a: _poisoned([lane]))
         else:
             raise ValueError(stage)
 

@@ -92,7 +92,7 @@ def test_past_the_grammars_end_only_eos(tiny_models):
 
 def test_negative_control_a_sampler_that_ignores_the_mask(tiny_models, monkeypatch):
     """Without the mask the same model writes no valid JSON: the schema test can fail."""
-    monkeypatch.setattr("lanes.engine.apply_mask", lambda row, allowed: row)
+    monkeypatch.setattr("lanes.verifier.apply_mask", lambda row, allowed: row)
     path, _ = tiny_models["llama"]
     engine = build_engine(str(path))
     params = SamplingParams(max_tokens=80, grammar=Grammar.json_schema(SCHEMA))

@@ -330,15 +330,15 @@ def test_device_sampling_keeps_the_equalities(tiny_models, monkeypatch):
     the log-softmax of the same logits."""
     import dataclasses
 
-    import lanes.engine
+    import lanes.verifier
     from lanes import EngineConfig, SamplingParams, build_engine
     from lanes.drafter.replay import ReplayProposer
     from lanes.sampling import sampling_logprobs
 
     launches = []
-    sample_rows = lanes.engine.sample_rows
+    sample_rows = lanes.verifier.sample_rows
     monkeypatch.setattr(
-        "lanes.engine.sample_rows", lambda *a, **k: launches.append(1) or sample_rows(*a, **k)
+        "lanes.verifier.sample_rows", lambda *a, **k: launches.append(1) or sample_rows(*a, **k)
     )
     path, _ = tiny_models["llama"]
     # k from acceptance, not from measured costs: on a GPU those can turn drafting off

@@ -59,14 +59,14 @@ class CountedAtLaunch(Recording):
 
 def _engine(llama_dir, chunks: Recording):
     engine = build_engine(str(llama_dir), EngineConfig(block_size=BS, prefill_chunk=BS))
-    engine._chunks = chunks
+    engine.scheduler.chunks = engine.execution.chunks = chunks
     return engine
 
 
 def _run(engine, salt: str, cancel_after_blocks: int | None = None):
     """Run PROMPT; at every point where a cancel can land, record (num_computed, positions whose
     forwards completed, chunks queued) of the filling lane; cancel after that many blocks."""
-    chunks = engine._chunks
+    chunks = engine.execution.chunks
     seen = []
     rid = engine.add_request(PROMPT, GREEDY, cache_salt=salt)
 

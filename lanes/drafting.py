@@ -1,0 +1,170 @@
+"""Drafting: how many drafts each decode lane gets, asking the proposer for them, and keeping the
+drafter in step with the target (prompt chunks, features, verified lengths).
+
+Contract:
+- `num_drafts(lane, num_decoding)` is the lane's draft slots for the round being planned:
+  adaptive k from its running acceptance, within what it may still emit, and — with cost-aware
+  drafts — only as many as pay for themselves by the measured costs (lanes/draft_costs.py).
+  It changes speed only: coupled verification gives the same tokens for any k.
+- `fill(plan)` turns planned decode steps into verify steps holding the proposer's drafts (host
+  ids, or rows still on the device).
+- `record_verify` keeps a lane's draft counts and running acceptance after its verify step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from lanes.config import EngineConfig
+from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
+from lanes.drafter import Proposer
+from lanes.lane import Lane
+from lanes.metrics import EngineMetrics, add_counts
+from lanes.rounds import LaneRound, Step
+
+_EMA = 0.3  # weight of the newest verify step in a lane's running acceptance
+_MIN_USE = 0.2  # draft k tokens while the k-th one still has this chance of being kept
+
+
+class Drafting:
+    def __init__(
+        self,
+        config: EngineConfig,
+        proposer: Proposer | None,
+        metrics: EngineMetrics,
+        max_len: Callable[[Lane], int],
+        clock: Callable[[], float],
+        *,
+        cost_aware: bool,
+        device_drafts: bool,
+    ) -> None:
+        """device_drafts: drafts left on the device may feed the verify forward directly (not
+        with tensor parallelism, whose ranks take host ids)."""
+        self.config = config
+        self.proposer = proposer
+        self.metrics = metrics
+        self.max_len = max_len
+        self.clock = clock
+        self.cost_aware = cost_aware
+        self.device_drafts = device_drafts
+        self.costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
+        self.forward_measured_at = 0  # metrics.num_rounds at the last plain round measured
+        # device rounds could start at the round being planned: they judge their own cost, so
+        # cost-aware k does not stop drafting then
+        self.device_due = False
+
+    @property
+    def observing(self) -> bool:
+        """The drafter reads the target's features (EAGLE-style)."""
+        return self.proposer is not None and self.proposer.uses_target_hidden
+
+    def drafting(self, lane: Lane) -> bool:
+        return self.proposer is not None and lane.params.draft and self.config.num_draft_tokens > 0
+
+    def num_drafts(self, lane: Lane, num_decoding: int) -> int:
+        """Draft slots for a decode lane: adaptive k, within what the lane may still emit."""
+        if not self.drafting(lane):
+            return 0
+        room = self.max_len(lane) - lane.num_known - 1  # the target always adds one token
+        k = self.config.num_draft_tokens
+        if self.config.adaptive_drafts:
+            k = choose_num_drafts(lane.acceptance_ema, k)
+            if self.cost_aware and not self.device_due:
+                k = self._paying_drafts(lane, k, num_decoding)
+        return max(0, min(k, room))
+
+    def _paying_drafts(self, lane: Lane, k: int, num_decoding: int) -> int:
+        """At most k drafts, as many as pay for themselves by the measured costs; plain rounds
+        and one-token probes keep the costs measured."""
+        costs = self.costs
+        if costs.forward is None or self.metrics.num_rounds % PLAIN_EVERY == PLAIN_EVERY - 1:
+            return 0  # this round measures what a round without drafts costs
+        if not costs.measured:
+            return k
+        best = costs.best_k(lane.acceptance_ema, k, max(1, num_decoding))
+        if best == 0 and lane.num_sampling_steps % PROBE_EVERY == 0:
+            return 1  # a probe: is this lane's acceptance still too low to pay?
+        return best
+
+    def record_round(self, plan_decode: Sequence[Step], seconds: float, drafter_seconds: float):
+        """A whole decode round's time, for the costs of drafting."""
+        drafts = [s.num_drafted for s in plan_decode]
+        self.costs.record(sum(drafts), max(drafts), seconds - drafter_seconds, drafter_seconds)
+        if not sum(drafts):
+            self.forward_measured_at = self.metrics.num_rounds
+
+    def record_plain_round(self, seconds: float) -> None:
+        self.costs.record(0, 0, seconds, 0.0)
+        self.forward_measured_at = self.metrics.num_rounds
+
+    def fill(self, plan: LaneRound) -> LaneRound:
+        """Ask the proposer for the planned draft slots; decode steps become verify steps."""
+        wanting = [s for s in plan.decode if s.num_drafts]
+        if not wanting:
+            return plan
+        start = self.clock()
+        drafts = self.proposer.propose([s.lane for s in wanting], [s.num_drafts for s in wanting])
+        by_lane = {id(s.lane): d for s, d in zip(wanting, drafts, strict=True)}
+        decode = []
+        for s in plan.decode:
+            d = by_lane.get(id(s.lane))
+            if d is None or not d.num_tokens:
+                decode.append(s)
+                continue
+            if d.source is not None and self.device_drafts:  # fed to the verify on the device
+                rows = d.rows[: s.num_drafts]
+                n, drafts = len(rows), {"draft_rows": rows, "draft_source": d.source}
+            else:
+                ids = d.host_ids()[: s.num_drafts]
+                lp = d.logprobs[: len(ids)] if d.logprobs is not None else None
+                n, drafts = len(ids), {"draft_ids": ids, "draft_logprobs": lp}
+            decode.append(dataclasses.replace(s, end=s.end + n, num_logits=1 + n, **drafts))
+        self.metrics.drafter_seconds += self.clock() - start
+        return dataclasses.replace(plan, decode=tuple(decode))
+
+    def propose_alone(self, steps: list[Step]) -> None:
+        """Drafts for these steps' lanes, discarded: raises where proposing breaks."""
+        self.proposer.propose([s.lane for s in steps], [s.num_drafts for s in steps])
+
+    def prefill(self, steps: list[Step]) -> None:
+        """The drafter computes the same prompt chunks, in the same round."""
+        if self.proposer is None:
+            return
+        steps = [s for s in steps if self.drafting(s.lane)]
+        if steps:
+            start = self.clock()
+            self.proposer.prefill(steps)
+            self.metrics.drafter_seconds += self.clock() - start
+
+    def observe(self, s: Step, hidden: torch.Tensor | None, end: int | None = None) -> None:
+        """Hand an EAGLE-style drafter the target's features of the step's settled positions
+        (up to `end`; by default the lane's computed ones)."""
+        end = s.lane.num_computed if end is None else end
+        if hidden is not None and self.drafting(s.lane) and end > s.start:
+            self.proposer.observe(s.lane, s.start, hidden[: end - s.start])
+
+    def accepted(self, lane: Lane) -> None:
+        if self.proposer is not None:
+            self.proposer.accepted(lane)
+
+
+def choose_num_drafts(acceptance: float, max_drafts: int) -> int:
+    """Adaptive k: the largest k <= max_drafts whose k-th draft is kept with probability
+    >= _MIN_USE under a lane's running per-token acceptance a (kept with a**k). At least 1."""
+    k = 1
+    while k < max_drafts and acceptance ** (k + 1) >= _MIN_USE:
+        k += 1
+    return k
+
+
+def record_verify(lane: Lane, num_drafts: int, num_accepted: int) -> None:
+    lane.num_drafted += num_drafts
+    lane.num_accepted += num_accepted
+    lane.num_verify_steps += 1
+    add_counts(lane.drafted_at, [1] * num_drafts)  # positions 0..k-1 were drafted
+    add_counts(lane.accepted_at, [1] * num_accepted)
+    if num_drafts:
+        lane.acceptance_ema = (1 - _EMA) * lane.acceptance_ema + _EMA * num_accepted / num_drafts
