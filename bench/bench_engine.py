@@ -105,9 +105,10 @@ def section_spec(
                 t0, ids0, _ = decode_seconds(engine, p, new, f"b{a}{k}{i}")
                 engine.proposer = costed
                 # k fixed: the surface is acceptance x draft length, not what k a policy picks
-                engine.config = engine.config.replace(
-                    num_draft_tokens=k, adaptive_drafts=False, cost_aware_drafts=False
+                engine.drafting.config = engine.config.replace(
+                    num_draft_tokens=k, adaptive_drafts=False
                 )
+                engine.drafting.cost_aware = False
                 t1, ids1, rate = decode_seconds(engine, p, new, f"s{a}{k}{i}")
                 assert ids1 == ids0 == record, "drafted output differs from undrafted"
                 if i:

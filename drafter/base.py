@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from lanes.rounds import lane_rows
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from lanes.chain_graphs import ChainGraphs
     from lanes.device_sampling import DeviceChain
-    from lanes.lane import Lane
-    from lanes.rounds import Step
+    from lanes.lane_rows import LaneRows
+    from lanes.lane_view import Chunk, LaneView
+
+# A drafter's forward rows of one lane: (its shadow of the lane, the rows as plain data). A
+# shadow (the drafter's own blocks and progress) names its lane view as `.lane`.
+ShadowRows = tuple["Shadow", "LaneRows"]
 
 
 @dataclass(frozen=True)
@@ -64,23 +66,30 @@ def collect_drafts(
     ]
 
 
+class Shadow(Protocol):
+    """A drafter's view of a lane: the lane's (read-only) view, and the drafter's own progress."""
+
+    lane: LaneView
+    num_computed: int
+
+
 def run_chained(
     graphs: ChainGraphs | None,
-    steps: Sequence[Step],
+    steps: Sequence[ShadowRows],
     wanted: dict[int, int],
     done: int,
     chain: DeviceChain,
     previous: torch.Tensor | None = None,
 ) -> bool:
-    """Run steps (of shadows of lanes) and the drafter's forwards after them as one graph
+    """Run steps (rows of shadows of lanes) and the drafter's forwards after them as one graph
     replay (lanes.chain_graphs), adding the samples to `chain`: each lane's wanted[request]
     drafts less the `done` ones already made. False, with nothing run, where the graphs do not
     take these steps."""
-    counts = [wanted[s.lane.lane.request_id] - done for s in steps]
-    rows = lane_rows(steps)
+    counts = [wanted[shadow.lane.request_id] - done for shadow, _ in steps]
+    rows = [r for _, r in steps]
     if graphs is None or not steps or not graphs.supports(rows, counts):
         return False
-    keys = [s.lane.lane.request_id for s in steps]
+    keys = [shadow.lane.request_id for shadow, _ in steps]
     chain.extend(graphs.run(rows, counts, previous), keys, counts)
     return True
 
@@ -88,7 +97,9 @@ def run_chained(
 class Proposer:
     """Proposes draft tokens for decode lanes. The engine calls, in each round:
 
-    - `prefill(steps)` after every forward, with that forward's prefill steps of drafting lanes:
+    Lanes come as read-only views (lanes/lane_view.py), never the engine's lanes or steps.
+
+    - `prefill(chunks)` after every forward, with that forward's prompt chunks of drafting lanes:
       a drafter with its own KV computes the same chunks, inside the same round (its time
       counts in the round's measured time, hence in the share allocator's cost model);
     - `propose(lanes, num_drafts)` once before the round's forwards: up to num_drafts[i] tokens
@@ -110,19 +121,19 @@ class Proposer:
     uses_target_hidden = False
     target_feature_layers: tuple[int, ...] | None = None
 
-    def prefill(self, steps: Sequence[Step]) -> None:
+    def prefill(self, chunks: Sequence[Chunk]) -> None:
         return None
 
-    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
         raise NotImplementedError
 
-    def accepted(self, lane: Lane) -> None:
+    def accepted(self, lane: LaneView) -> None:
         return None
 
-    def release(self, lane: Lane) -> None:
+    def release(self, lane: LaneView) -> None:
         return None
 
-    def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
+    def observe(self, lane: LaneView, start: int, hidden: torch.Tensor) -> None:
         return None
 
     def device_rounds(self, target, num_drafts: int, eager: bool = False):

@@ -52,10 +52,10 @@ from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
 from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.kernels.sampling import sample_with
-from lanes.lane import Lane
+from lanes.lane_rows import rows_of
+from lanes.lane_view import Chunk, LaneView
 from lanes.models import Checkpoint, Decoder, WeightError, assemble, check_shapes
 from lanes.packed import PackedWeight
-from lanes.rounds import Step, lane_rows
 from lanes.runner import build_runner
 from lanes.sampling import sample_row
 
@@ -149,7 +149,7 @@ class _Shadow:
     fewer than the lane has tokens. `features` are the target's, for the rows from
     `num_computed` on."""
 
-    def __init__(self, lane: Lane, block_size: int) -> None:
+    def __init__(self, lane: LaneView, block_size: int) -> None:
         self.lane = lane
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
@@ -213,7 +213,7 @@ class EagleDrafter(Proposer):
         graphs = self.runner.graphs
         self.chain = None if graphs is None else ChainGraphs(graphs, self._greedy)
 
-    def _shadow(self, lane: Lane) -> _Shadow:
+    def _shadow(self, lane: LaneView) -> _Shadow:
         shadow = self.shadows.get(lane.request_id)
         if shadow is None:
             shadow = _Shadow(lane, self.config.block_size)
@@ -228,7 +228,7 @@ class EagleDrafter(Proposer):
             shadow.num_published = len(blocks)
         return shadow
 
-    def _keys(self, lane: Lane, n: int) -> list[bytes]:
+    def _keys(self, lane: LaneView, n: int) -> list[bytes]:
         """Keys of the drafter's first n blocks: the target's block key and the next token."""
         bs = self.config.block_size
         next_tokens = lane.token_ids(bs, n * bs + 1)[::bs] if n else []  # positions bs, 2bs, ...
@@ -259,7 +259,7 @@ class EagleDrafter(Proposer):
         shadow.block_table.append(self.cache.allocate(need))
         return True
 
-    def observe(self, lane: Lane, start: int, hidden: torch.Tensor) -> None:
+    def observe(self, lane: LaneView, start: int, hidden: torch.Tensor) -> None:
         if self.reduce is not None:  # the target's feature layers -> the drafter's width
             hidden = self.ops.linear(hidden.to(self._zero.dtype), self.reduce)
         shadow = self._shadow(lane)
@@ -274,23 +274,23 @@ class EagleDrafter(Proposer):
             old = shadow.features
             shadow.features = new if old is None or not len(old) else torch.cat([old, new])
 
-    def prefill(self, steps: Sequence[Step]) -> None:
+    def prefill(self, chunks: Sequence[Chunk]) -> None:
         """Catch up on prompt chunks in the same round, leaving the newest row to `propose`
         (whose first forward needs its logits)."""
         todo = []
-        for s in steps:
-            shadow = self.shadows.get(s.lane.request_id)
+        for c in chunks:
+            shadow = self.shadows.get(c.lane.request_id)
             if shadow is None or shadow.features is None:
                 continue
             end = min(shadow.num_computed + len(shadow.features), shadow.num_known) - 1
             if end > shadow.num_computed and self._reserve(shadow, end):
                 feats = shadow.features_until(end, self._zero)
-                todo.append(Step(shadow, shadow.num_computed, end, features=feats))
+                todo.append((shadow, rows_of(shadow, shadow.num_computed, end, features=feats)))
         if todo:
-            self.runner.execute(lane_rows(todo))
-            for s in todo:
-                s.lane.advance(s.end)
-                self._publish(s.lane)
+            self.runner.execute([r for _, r in todo])
+            for shadow, r in todo:
+                shadow.advance(r.end)
+                self._publish(shadow)
 
     def _full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary (-inf outside the drafter's subset)."""
@@ -300,7 +300,7 @@ class EagleDrafter(Proposer):
         full[:, self.vocab] = logits
         return full
 
-    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
         drafts: dict[int, list[int]] = {lane.request_id: [] for lane in lanes}
         logprobs: dict[int, list[torch.Tensor]] = {lane.request_id: [] for lane in lanes}
         wanted: dict[int, int] = {}
@@ -313,7 +313,8 @@ class EagleDrafter(Proposer):
                 end = shadow.num_known
                 feats = shadow.features_until(end, self._zero)
                 n = self.runner.catch_up_logits(end - shadow.num_computed)
-                steps.append(Step(shadow, shadow.num_computed, end, num_logits=n, features=feats))
+                rows = rows_of(shadow, shadow.num_computed, end, num_logits=n, features=feats)
+                steps.append((shadow, rows))
         # Greedy lanes draft on the device: each step reads the previous one's tokens and
         # feature guesses there, and the host reads all k tokens once (lanes.device_sampling).
         chain = DeviceChain(self.runner.decoder.ops.name == "triton")
@@ -321,27 +322,29 @@ class EagleDrafter(Proposer):
         ids = [lane.request_id for lane in lanes]
         # the whole round as one graph replay where it fits (lanes.chain_graphs)
         if on_device and run_chained(self.chain, steps, wanted, 0, chain):
-            for s in steps:
-                s.lane.advance(s.end)
-                self._publish(s.lane)
+            for shadow, r in steps:
+                shadow.advance(r.end)
+                self._publish(shadow)
             return collect_drafts(ids, drafts, logprobs, chain)
         previous = None
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
-            rows = lane_rows(steps)
+            rows = [r for _, r in steps]
             logits = self._full_logits(self.runner.execute(rows, previous_tokens=previous))
             hidden = self.runner.last_hidden
-            token_ends = list(itertools.accumulate(s.num_tokens for s in steps))
+            token_ends = list(itertools.accumulate(r.num_tokens for r in rows))
             index = torch.tensor(token_ends, dtype=torch.int64) - 1
             guesses = hidden[index.to(hidden.device, non_blocking=True)]  # next-feature guesses
-            logits_rows = list(itertools.accumulate(s.num_logits for s in steps))
+            logits_rows = list(itertools.accumulate(r.num_logits for r in rows))
             if on_device:
-                keys = [s.lane.lane.request_id for s in steps]
+                keys = [shadow.lane.request_id for shadow, _ in steps]
                 previous = chain.greedy(logits, logits_rows, keys)
             next_steps = []
-            for row, (step, logits_end) in enumerate(zip(steps, logits_rows, strict=True)):
-                shadow, lane = step.lane, step.lane.lane
+            for row, ((shadow, step), logits_end) in enumerate(
+                zip(steps, logits_rows, strict=True)
+            ):
+                lane = shadow.lane
                 if j == 0:
                     shadow.advance(step.end)
                     self._publish(shadow)
@@ -358,9 +361,8 @@ class EagleDrafter(Proposer):
                 if j + 1 < wanted[lane.request_id]:
                     r = shadow.num_known + j
                     feature = guesses[row : row + 1]
-                    next_steps.append(
-                        Step(shadow, r, r + 1, num_logits=1, features=feature, **follow)
-                    )
+                    next_rows = rows_of(shadow, r, r + 1, num_logits=1, features=feature, **follow)
+                    next_steps.append((shadow, next_rows))
             steps = next_steps
             # drafts 2..k as one graph replay, where the catch-up did not fit one
             if on_device and j == 0 and run_chained(self.chain, steps, wanted, 1, chain, previous):
@@ -405,7 +407,7 @@ class EagleDrafter(Proposer):
         pool = target.graphs.pool if graphed else None
         return DeviceRounds(side(target), side(self.runner), self, num_drafts, sample, reduce, pool)
 
-    def device_seed(self, lane: Lane, max_rows: int):
+    def device_seed(self, lane: LaneView, max_rows: int):
         """Where the lane's device rounds can start (lanes.device_rounds.Seed): the rows the
         head has the target's features for but has not computed, 1 .. max_rows of them; None
         where that is not the lane's state."""
@@ -419,7 +421,7 @@ class EagleDrafter(Proposer):
             return None
         return Seed(start, lane.token_ids(start + 1, start + 1 + n), shadow.features[:n])
 
-    def device_table(self, lane: Lane, end: int) -> BlockTable | None:
+    def device_table(self, lane: LaneView, end: int) -> BlockTable | None:
         """The head's blocks of the lane, holding rows < end; None (nothing taken) where its
         pool cannot."""
         shadow = self.shadows.get(lane.request_id)
@@ -432,7 +434,7 @@ class EagleDrafter(Proposer):
             shadow.block_table.append(self.cache.allocate(need))
         return shadow.block_table
 
-    def device_settle(self, lane: Lane, computed: int) -> None:
+    def device_settle(self, lane: LaneView, computed: int) -> None:
         """A device round read back: the head's rows < computed are settled; its pending
         features are on the device until `device_resume`."""
         shadow = self.shadows.get(lane.request_id)
@@ -441,7 +443,7 @@ class EagleDrafter(Proposer):
             shadow.features = None
             self._publish(shadow)
 
-    def device_resume(self, lane: Lane, features: torch.Tensor) -> None:
+    def device_resume(self, lane: LaneView, features: torch.Tensor) -> None:
         """The device rounds ended: the head's pending features (rows from num_computed)."""
         shadow = self.shadows.get(lane.request_id)
         if shadow is not None:
@@ -450,12 +452,12 @@ class EagleDrafter(Proposer):
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         return greedy_rows(self._full_logits(logits), use_triton=True)[0]
 
-    def accepted(self, lane: Lane) -> None:
+    def accepted(self, lane: LaneView) -> None:
         shadow = self.shadows.get(lane.request_id)
         if shadow is not None:  # rows past the newest known token held drafts
             self.cache.release(shadow.block_table.truncate(shadow.num_known))
 
-    def release(self, lane: Lane) -> None:
+    def release(self, lane: LaneView) -> None:
         shadow = self.shadows.pop(lane.request_id, None)
         if shadow is not None:
             self.cache.release(shadow.block_table.clear())

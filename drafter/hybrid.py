@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from lanes.drafter.base import Draft, Proposer
 from lanes.drafter.eagle import EagleDrafter
 from lanes.drafter.ngram import NgramProposer
-from lanes.lane import Lane
+from lanes.lane_view import Chunk, LaneView
 
 
 class HybridProposer(Proposer):
@@ -25,13 +25,13 @@ class HybridProposer(Proposer):
         self.lookup = lookup
         self.target_feature_layers = head.target_feature_layers
 
-    def prefill(self, steps) -> None:
-        self.head.prefill(steps)
+    def prefill(self, chunks: Sequence[Chunk]) -> None:
+        self.head.prefill(chunks)
 
-    def observe(self, lane: Lane, start: int, hidden) -> None:
+    def observe(self, lane: LaneView, start: int, hidden) -> None:
         self.head.observe(lane, start, hidden)
 
-    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
         found = self.lookup.propose(lanes, num_drafts)
         rest = [i for i, d in enumerate(found) if not d.num_tokens]
         if rest:
@@ -44,10 +44,10 @@ class HybridProposer(Proposer):
         """Rounds on the device draft with the head alone (prompt lookup needs the host)."""
         return self.head.device_rounds(target, num_drafts, eager)
 
-    def accepted(self, lane: Lane) -> None:
+    def accepted(self, lane: LaneView) -> None:
         self.head.accepted(lane)
 
-    def release(self, lane: Lane) -> None:
+    def release(self, lane: LaneView) -> None:
         self.head.release(lane)
 
     def check_integrity(self) -> None:

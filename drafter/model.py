@@ -14,10 +14,10 @@ from lanes.cache.kv_pool import KVPool
 from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
-from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
-from lanes.lane import Lane
+from lanes.drafter.base import Draft, Proposer, ShadowRows, collect_drafts, run_chained
+from lanes.lane_rows import rows_of
+from lanes.lane_view import Chunk, LaneView
 from lanes.models import Checkpoint, build_decoder
-from lanes.rounds import Step, lane_rows
 from lanes.runner import build_runner
 from lanes.sampling import sample_row
 from lanes.tokenizer import Tokenizer
@@ -62,7 +62,7 @@ def with_shared_tensors(drafter: Checkpoint, target: Checkpoint) -> Checkpoint:
 class _Shadow:
     """The drafter's view of a lane: the same tokens, its own blocks and progress."""
 
-    def __init__(self, lane: Lane, block_size: int) -> None:
+    def __init__(self, lane: LaneView, block_size: int) -> None:
         self.lane = lane
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
@@ -110,7 +110,7 @@ class ModelDrafter(Proposer):
     def _greedy(logits: torch.Tensor) -> torch.Tensor:
         return greedy_rows(logits, use_triton=True)[0]
 
-    def _shadow(self, lane: Lane) -> _Shadow:
+    def _shadow(self, lane: LaneView) -> _Shadow:
         shadow = self.shadows.get(lane.request_id)
         if shadow is None:
             shadow = self.shadows[lane.request_id] = _Shadow(lane, self.config.block_size)
@@ -126,19 +126,19 @@ class ModelDrafter(Proposer):
         shadow.block_table.append(self.pool.allocate(need))
         return True
 
-    def prefill(self, steps: Sequence[Step]) -> None:
-        """Catch up with the target's prompt chunks: compute [drafter progress, step end)."""
+    def prefill(self, chunks: Sequence[Chunk]) -> None:
+        """Catch up with the target's prompt chunks: compute [drafter progress, chunk end)."""
         todo = []
-        for s in steps:
-            shadow = self._shadow(s.lane)
-            if shadow.num_computed < s.end and self._reserve(shadow, s.end):
-                todo.append(Step(shadow, shadow.num_computed, s.end))
+        for c in chunks:
+            shadow = self._shadow(c.lane)
+            if shadow.num_computed < c.end and self._reserve(shadow, c.end):
+                todo.append((shadow, rows_of(shadow, shadow.num_computed, c.end)))
         if todo:
-            self.runner.execute(lane_rows(todo))
-            for s in todo:
-                s.lane.num_computed = s.end
+            self.runner.execute([r for _, r in todo])
+            for shadow, r in todo:
+                shadow.num_computed = r.end
 
-    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
         drafts: dict[int, list[int]] = {lane.request_id: [] for lane in lanes}
         logprobs: dict[int, list[torch.Tensor]] = {lane.request_id: [] for lane in lanes}
         wanted: dict[int, int] = {}  # request id -> drafts to make
@@ -149,9 +149,9 @@ class ModelDrafter(Proposer):
                 wanted[lane.request_id] = k
 
         # First forward: catch up to the known tokens and draft one; then one token per forward.
-        def catch_up(sh: _Shadow) -> Step:
+        def catch_up(sh: _Shadow) -> ShadowRows:
             n = self.runner.catch_up_logits(sh.num_known - sh.num_computed)
-            return Step(sh, sh.num_computed, sh.num_known, num_logits=n)
+            return sh, rows_of(sh, sh.num_computed, sh.num_known, num_logits=n)
 
         steps = [catch_up(sh) for rid, sh in self.shadows.items() if rid in wanted]
         # Greedy lanes draft on the device: each forward reads the previous one's tokens there,
@@ -161,20 +161,20 @@ class ModelDrafter(Proposer):
         ids = [lane.request_id for lane in lanes]
         # the whole round as one graph replay where it fits (lanes.chain_graphs)
         if on_device and run_chained(self.chain, steps, wanted, 0, chain):
-            for s in steps:  # positions [num_computed, num_known + drafts - 1) computed
-                s.lane.num_computed = s.end - 1 + wanted[s.lane.lane.request_id]
+            for sh, r in steps:  # positions [num_computed, num_known + drafts - 1) computed
+                sh.num_computed = r.end - 1 + wanted[sh.lane.request_id]
             return collect_drafts(ids, drafts, logprobs, chain)
         previous = None
         for j in range(max(wanted.values(), default=0)):
             if not steps:
                 break
-            logits = self.runner.execute(lane_rows(steps), previous_tokens=previous)
-            last_rows = list(itertools.accumulate(s.num_logits for s in steps))
+            logits = self.runner.execute([r for _, r in steps], previous_tokens=previous)
+            last_rows = list(itertools.accumulate(r.num_logits for _, r in steps))
             if on_device:
-                previous = chain.greedy(logits, last_rows, [s.lane.lane.request_id for s in steps])
+                previous = chain.greedy(logits, last_rows, [sh.lane.request_id for sh, _ in steps])
             next_steps = []
-            for i, (step, end) in enumerate(zip(steps, last_rows, strict=True)):
-                shadow, lane = step.lane, step.lane.lane
+            for i, ((shadow, step), end) in enumerate(zip(steps, last_rows, strict=True)):
+                lane = shadow.lane
                 shadow.num_computed = step.end
                 position = lane.num_known + j
                 if on_device:
@@ -185,16 +185,17 @@ class ModelDrafter(Proposer):
                     logprobs[lane.request_id].append(lp)
                     follow = {"draft_ids": (token,)}
                 if j + 1 < wanted[lane.request_id]:
-                    next_steps.append(Step(shadow, position, position + 1, num_logits=1, **follow))
+                    step = rows_of(shadow, position, position + 1, num_logits=1, **follow)
+                    next_steps.append((shadow, step))
             steps = next_steps
             # drafts 2..k as one graph replay, where the catch-up did not fit one
             if on_device and j == 0 and run_chained(self.chain, steps, wanted, 1, chain, previous):
-                for s in steps:  # the chain computed positions [start, start + drafts - 1)
-                    s.lane.num_computed = s.start + wanted[s.lane.lane.request_id] - 1
+                for sh, r in steps:  # the chain computed positions [start, start + drafts - 1)
+                    sh.num_computed = r.start + wanted[sh.lane.request_id] - 1
                 break
         return collect_drafts(ids, drafts, logprobs, chain if on_device else None)
 
-    def accepted(self, lane: Lane) -> None:
+    def accepted(self, lane: LaneView) -> None:
         shadow = self.shadows.get(lane.request_id)
         if shadow is None:
             return
@@ -202,7 +203,7 @@ class ModelDrafter(Proposer):
         shadow.num_computed = min(shadow.num_computed, lane.num_computed)
         self.pool.release(shadow.block_table.truncate(lane.num_known))
 
-    def release(self, lane: Lane) -> None:
+    def release(self, lane: LaneView) -> None:
         shadow = self.shadows.pop(lane.request_id, None)
         if shadow is not None:
             self.pool.release(shadow.block_table.clear())

@@ -8,7 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from lanes.drafter.base import Draft, Proposer
-from lanes.lane import Lane
+from lanes.lane_view import LaneView
 
 
 def ngram_continuation(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> tuple[int, ...]:
@@ -36,7 +36,7 @@ class NgramProposer(Proposer):
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
         return [
             Draft(
                 ngram_continuation(np.asarray(lane.all_ids()), k, self.min_n, self.max_n)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lanes.drafter.base import Draft, Proposer
-from lanes.lane import Lane
+from lanes.lane_view import LaneView
 from lanes.sampling import uniform_at
 
 _STREAM_REPLAY = 3
@@ -26,7 +26,7 @@ class ReplayProposer(Proposer):
         self.acceptance = acceptance
         self.vocab_size = vocab_size
 
-    def propose(self, lanes: Sequence[Lane], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
         drafts = []
         for lane, k in zip(lanes, num_drafts, strict=True):
             record = self.recordings.get(tuple(lane.prompt_ids), [])

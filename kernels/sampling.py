@@ -467,19 +467,14 @@ def sample_tokens(
 
 
 def ref_sample_tokens(logits, temperature, top_k, top_p, seeds, positions):
-    """The sorting reference: lanes.sampling.sample_row for each row, and the log-probability of
-    its token."""
-    from lanes.sampling import SamplingParams, sample_row
+    """The sorting reference: lanes.sample_math.sample_token for each row, and the
+    log-probability of its token."""
+    from lanes.sample_math import sample_token
 
     tokens, logprobs = [], []
     for i in range(logits.shape[0]):
-        p = SamplingParams(
-            temperature=float(temperature[i]),
-            top_k=int(top_k[i]),
-            top_p=float(top_p[i]),
-            seed=seeds[i],
-        )
-        token, row_logprobs = sample_row(logits[i], p, positions[i], seeds[i])
+        t, k, p = float(temperature[i]), int(top_k[i]), float(top_p[i])
+        token, row_logprobs = sample_token(logits[i], t, k, p, seeds[i], positions[i])
         tokens.append(token)
         logprobs.append(float(row_logprobs[token]))
     dev = logits.device

@@ -83,7 +83,12 @@ def build_engine(
     if cfg.cost_aware_drafts is None and _verify_rows_are_dear(decoder):
         cfg = dataclasses.replace(cfg, cost_aware_drafts=True)
     engine = engine_type(cfg, ckpt, runner, proposer, clock=clock, comm=parallel)
-    prepare_device(engine)  # graphs captured and samplers compiled before any request
+    # graphs captured and samplers compiled before any request
+    prepare_device(
+        cfg, runner, engine.device_rounds,
+        verifies_drafts=proposer is not None and engine.device_rounds is None,
+        single_process=parallel is None,
+    )  # fmt: skip
     return engine
 
 

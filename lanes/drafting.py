@@ -22,6 +22,7 @@ from lanes.config import EngineConfig
 from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
 from lanes.drafter import Proposer
 from lanes.lane import Lane
+from lanes.lane_view import Chunk
 from lanes.metrics import EngineMetrics, add_counts
 from lanes.rounds import LaneRound, Step
 
@@ -136,7 +137,7 @@ class Drafting:
         steps = [s for s in steps if self.drafting(s.lane)]
         if steps:
             start = self.clock()
-            self.proposer.prefill(steps)
+            self.proposer.prefill([Chunk(s.lane, s.start, s.end) for s in steps])
             self.metrics.drafter_seconds += self.clock() - start
 
     def observe(self, s: Step, hidden: torch.Tensor | None, end: int | None = None) -> None:

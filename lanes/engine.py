@@ -76,7 +76,6 @@ class Engine:
         self.ops = runner.decoder.ops
         self.comm = comm
         self.runner = runner
-        self.proposer = proposer
         bs = cfg.block_size
         self.bytes_per_block = KVPool.bytes_per_block(
             len(mc.attention_layers), bs, mc.num_kv_heads, mc.head_dim, self.dtype
@@ -100,11 +99,11 @@ class Engine:
         # Called once a round is planned and after each host-managed forward (a status snapshot
         # mid-round: on the CPU one prefill forward can take seconds).
         self.on_progress: Callable[[], None] = lambda: None
-        self._build_parts(on_cuda=cfg.device.startswith("cuda"))
+        self._build_parts(proposer, on_cuda=cfg.device.startswith("cuda"))
         if self.drafting.observing:  # the target keeps the features this drafter reads
             runner.decoder.feature_layers = proposer.target_feature_layers
 
-    def _build_parts(self, on_cuda: bool) -> None:
+    def _build_parts(self, proposer: Proposer | None, on_cuda: bool) -> None:
         cfg, clock = self.config, self.clock
         self.intake = Intake(
             cfg, self.model_config, self.tokenizer, self.pool.num_blocks, self.eos_token_ids, clock
@@ -113,7 +112,7 @@ class Engine:
         # one, and only completed ones count as computed (lanes/launched_chunks.py)
         chunks = LaunchedChunks(torch.cuda.Event if on_cuda else None)
         self.scheduler = Scheduler(
-            cfg, self.cache, self.recurrent, self.share, self.mask_budget, chunks, self.proposer,
+            cfg, self.cache, self.recurrent, self.share, self.mask_budget, chunks, proposer,
             self.metrics, self.intake.context_len, clock,
         )  # fmt: skip
         self.output = Output(
@@ -121,7 +120,7 @@ class Engine:
         )
         cost_aware = cfg.cost_aware_drafts if cfg.cost_aware_drafts is not None else on_cuda
         self.drafting = Drafting(
-            cfg, self.proposer, self.metrics, self.scheduler.max_len, clock,
+            cfg, proposer, self.metrics, self.scheduler.max_len, clock,
             cost_aware=cost_aware, device_drafts=self.comm is None,
         )  # fmt: skip
         self.verifier = Verifier(
@@ -136,9 +135,9 @@ class Engine:
             overlap=overlap, single_process=self.comm is None, **hooks,
         )  # fmt: skip
         device_rounds = None  # drafted rounds on the device, where the drafter can
-        if self.proposer is not None and cfg.device_rounds is not False and self.comm is None:
+        if proposer is not None and cfg.device_rounds is not False and self.comm is None:
             eager = bool(cfg.device_rounds)
-            device_rounds = self.proposer.device_rounds(self.runner, cfg.num_draft_tokens, eager)
+            device_rounds = proposer.device_rounds(self.runner, cfg.num_draft_tokens, eager)
         self.device_driver = DeviceRoundDriver(
             device_rounds, self.scheduler, self.output, self.drafting, self.verifier, self.book,
             overlap=overlap, **hooks,
@@ -155,6 +154,16 @@ class Engine:
         """Prompt + output tokens a request may reach: the model's context, or less with
         EngineConfig.max_model_len."""
         return self.intake.context_len
+
+    @property
+    def proposer(self) -> Proposer | None:
+        return self.drafting.proposer
+
+    @proposer.setter
+    def proposer(self, proposer: Proposer | None) -> None:
+        """Swap the drafter between requests (tests and benches compare drafters on one target;
+        device rounds stay those of the drafter the engine was built with)."""
+        self.drafting.proposer = self.scheduler.proposer = proposer
 
     @property
     def waiting(self) -> list[Lane]:
@@ -240,7 +249,9 @@ class Engine:
 
     def _cancellations(self) -> list[Completion]:
         lanes = self.scheduler.waiting + self.scheduler.running
-        return [self.output.cancel(lane) for lane in self.intake.cancelled(lanes, self.cancel_check)]
+        return [
+            self.output.cancel(lane) for lane in self.intake.cancelled(lanes, self.cancel_check)
+        ]
 
     # ---- whole requests -------------------------------------------------------------------
 

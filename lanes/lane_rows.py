@@ -13,10 +13,12 @@ tokens the host does not have yet come from. The runner never reads a Lane.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+    from lanes.cache.block_table import BlockTable
 
 
 @dataclass(frozen=True)
@@ -45,3 +47,51 @@ class LaneRows:
         """Hybrids keep the state after every row of a verify step (trailing rows may be
         rejected)."""
         return self.num_logits > 1
+
+
+class RowSource(Protocol):
+    """What rows are built from: a lane, or a drafter's shadow of one (its own blocks)."""
+
+    slot: int
+    block_table: BlockTable
+
+    @property
+    def num_known(self) -> int: ...
+
+    def token_ids(self, start: int, end: int) -> list[int]: ...
+
+
+def rows_of(
+    source: RowSource,
+    start: int,
+    end: int,
+    *,
+    num_logits: int = 0,
+    draft_ids: tuple[int, ...] = (),
+    pending_row: int | None = None,
+    draft_rows: tuple[int, ...] = (),
+    draft_source: torch.Tensor | None = None,
+    features: torch.Tensor | None = None,
+) -> LaneRows:
+    """Positions [start, end) of `source`: its known tokens, then `draft_ids`; a pending first
+    token and device drafts read 0 (the runner fills them in)."""
+    ids = source.token_ids(start, min(end, source.num_known)) + list(draft_ids)
+    if draft_source is not None:
+        ids += [0] * len(draft_rows)
+    if pending_row is not None:
+        ids = [0, *ids]
+    if len(ids) != end - start:
+        raise ValueError(f"rows [{start}, {end}) have {len(ids)} tokens")
+    return LaneRows(
+        slot=source.slot,
+        start=start,
+        end=end,
+        token_ids=tuple(ids),
+        blocks=tuple(source.block_table.blocks),
+        num_logits=num_logits,
+        pending_row=pending_row,
+        draft_rows=draft_rows,
+        draft_source=draft_source,
+        features=features,
+        state_slot=getattr(source, "state_slot", -1),  # drafters' shadows have none
+    )

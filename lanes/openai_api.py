@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanes.chat import Chat
-from lanes.grammar import Grammar
 from lanes.grammar_limits import MAX_SCHEMA_DEPTH, GrammarTooLarge, check_schema
+from lanes.grammar_spec import Grammar
 from lanes.sampling import SamplingParams
 from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
 

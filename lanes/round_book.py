@@ -18,7 +18,11 @@ from lanes.share import ShareAllocator
 
 class RoundBook:
     def __init__(
-        self, share: ShareAllocator, metrics: EngineMetrics, on_cuda: bool, clock: Callable[[], float]
+        self,
+        share: ShareAllocator,
+        metrics: EngineMetrics,
+        on_cuda: bool,
+        clock: Callable[[], float],
     ) -> None:
         self.share = share
         self.metrics = metrics

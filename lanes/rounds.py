@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lanes.lane import Lane, LaneState
-from lanes.lane_rows import LaneRows
+from lanes.lane_rows import LaneRows, rows_of
 
 if TYPE_CHECKING:
     import torch
@@ -68,37 +68,14 @@ class Step:
     def num_drafted(self) -> int:
         return len(self.draft_rows) if self.draft_source is not None else len(self.draft_ids)
 
-    def token_ids(self) -> list[int]:
-        """The step's input ids; a pending first token and device drafts read 0 here (the runner
-        fills them in)."""
-        ids = self.lane.token_ids(self.start, min(self.end, self.lane.num_known)) + list(
-            self.draft_ids
-        )
-        if self.draft_source is not None:
-            ids += [0] * len(self.draft_rows)
-        if self.pending_row is not None:
-            ids = [0, *ids]
-        if len(ids) != self.num_tokens:
-            raise ValueError(f"step [{self.start}, {self.end}) has {len(ids)} tokens")
-        return ids
-
     def rows(self) -> LaneRows:
         """This step as the runner takes it: the lane named by its slot, its blocks and token
         ids as plain data (lanes/lane_rows.py)."""
-        lane = self.lane
-        return LaneRows(
-            slot=lane.slot,
-            start=self.start,
-            end=self.end,
-            token_ids=tuple(self.token_ids()),
-            blocks=tuple(lane.block_table.blocks),
-            num_logits=self.num_logits,
-            pending_row=self.pending_row,
-            draft_rows=self.draft_rows,
-            draft_source=self.draft_source,
-            features=self.features,
-            state_slot=getattr(lane, "state_slot", -1),  # drafters' shadows have none
-        )
+        return rows_of(
+            self.lane, self.start, self.end,
+            num_logits=self.num_logits, draft_ids=self.draft_ids, pending_row=self.pending_row,
+            draft_rows=self.draft_rows, draft_source=self.draft_source, features=self.features,
+        )  # fmt: skip
 
 
 def lane_rows(steps: Sequence[Step]) -> list[LaneRows]:

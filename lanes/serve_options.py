@@ -18,6 +18,10 @@ SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens")
 _ACTIVATION_MARGIN = 2**30  # bytes left for activations and CUDA graphs
 
 
+class _CliError(Exception):
+    """A command's bad input: main() prints it as one line and exits with status 2."""
+
+
 def parse_bytes(text: str) -> int:
     """'1GiB', '512MiB', '2G', '1e9', '1048576' -> bytes (K/M/G/T: powers of 10; Ki/Mi/Gi/Ti:
     powers of 2)."""

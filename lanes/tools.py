@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanes.chat import Chat
-from lanes.grammar import Grammar
 from lanes.grammar_limits import GrammarTooLarge, check_schema
+from lanes.grammar_spec import Grammar
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

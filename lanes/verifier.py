@@ -131,7 +131,7 @@ class Verifier:
             stops = self.held_by_min_tokens(p)
             allowed = None
             for j in range(s.num_logits):
-                history = row_history(s, j)
+                history = self.row_history(s, j)
                 if lane.grammar_cursor is not None and (
                     allowed is None or bool(allowed[history[-1]])
                 ):
@@ -152,7 +152,7 @@ class Verifier:
             stops = self.held_by_min_tokens(p)
 
             def process(j: int, row: torch.Tensor) -> torch.Tensor:
-                history = row_history(s, j)
+                history = self.row_history(s, j)
                 if lane.grammar_cursor is not None:  # the grammar first: min_p then sees
                     row = apply_mask(row, self.masks.allowed(lane, history))  # allowed only
                 return process_logits(row, p, lane.prompt_ids, history, stops)
@@ -170,7 +170,7 @@ class Verifier:
             out.append((token, float(logprobs[token]), top))
         return out
 
-
-def row_history(s: Step, j: int) -> list[int]:
-    """The output before row j of a sampling step: the lane's, then the drafts before j."""
-    return s.lane.output_ids + list(s.draft_ids[:j])
+    @staticmethod
+    def row_history(s: Step, j: int) -> list[int]:
+        """The output before row j of a sampling step: the lane's, then the drafts before j."""
+        return s.lane.output_ids + list(s.draft_ids[:j])

@@ -18,32 +18,44 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from lanes.engine import Engine
+    from lanes.config import EngineConfig
+    from lanes.device_rounds import DeviceRounds
+    from lanes.runner import ModelRunner
 
 log = logging.getLogger("lanes")
 
 
-def prepare_device(engine: Engine) -> None:
-    """Capture and compile what the engine's rounds will need (CUDA, one process, unless
-    EngineConfig.capture_at_start is off; on the CPU in exact mode, build the C kernels)."""
-    cfg = engine.config
-    if cfg.device == "cpu" and engine.ops.name == "exact":
+def prepare_device(
+    config: EngineConfig,
+    runner: ModelRunner,
+    device_rounds: DeviceRounds | None,
+    *,
+    verifies_drafts: bool,
+    single_process: bool,
+) -> None:
+    """Capture and compile what an engine's rounds will need (CUDA, one process, unless
+    EngineConfig.capture_at_start is off; on the CPU in exact mode, build the C kernels).
+    verifies_drafts: a drafter's drafts are verified through the target's graphs (there is a
+    proposer and no device rounds)."""
+    cfg = config
+    ops = runner.decoder.ops.name
+    if cfg.device == "cpu" and ops == "exact":
         build_cpu_kernels()
-    if not cfg.device.startswith("cuda") or not cfg.capture_at_start or engine.comm is not None:
+    if not cfg.device.startswith("cuda") or not cfg.capture_at_start or not single_process:
         return
     start = time.perf_counter()
     captured = 0
     try:  # serving does not depend on it: what is not made now is made at first use, as before
-        graphs = engine.runner.graphs
+        graphs = runner.graphs
         if graphs is not None:
             tokens = [1]  # decode
-            if engine.proposer is not None and engine.device_rounds is None:
+            if verifies_drafts:
                 tokens.append(1 + cfg.num_draft_tokens)  # a full verify
             captured += graphs.prepare(tokens)
-        if engine.device_rounds is not None:
-            captured += engine.device_rounds.prepare()
-        if engine.ops.name == "triton":
-            compile_samplers(engine.model_config.vocab_size, cfg.device)
+        if device_rounds is not None:
+            captured += device_rounds.prepare()
+        if ops == "triton":
+            compile_samplers(runner.decoder.config.vocab_size, cfg.device)
         torch.cuda.synchronize(cfg.device)
     except Exception:
         log.exception("capturing graphs at start failed; the rounds capture them at first use")

@@ -22,9 +22,9 @@ class NoDraftsInHistory(Engine):
     """Negative control: verify rows are processed (penalties, grammar masks) as if the drafts
     before them were not output."""
 
-    @staticmethod
-    def _row_history(s, j):
-        return list(s.lane.output_ids)
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.verifier.row_history = lambda s, j: list(s.lane.output_ids)
 
 
 def drafted_equals_replayed(engine: Engine, prompts: list, outputs: list, params) -> None:

@@ -100,7 +100,7 @@ def test_drafted_equals_undrafted_batched_on_the_device(tiny_models, monkeypatch
             text = engine.tokenizer.decode(p.token_ids)
             assert re.fullmatch(r"(ab|cd)[0-9]{2,3}; (yes|no)", text), text
     # the host path's tokens (its logprobs from another sampler: equal to 1e-5)
-    monkeypatch.setattr(engine, "_processed_on_device", lambda params: False)
+    monkeypatch.setattr(engine.verifier, "processed_on_device", lambda params: False)
     on_host = engine.generate(PROMPTS, dataclasses.replace(params, draft=False), cache_salt="h")
     assert counts["host"] > 0
     for h, p in zip(on_host, plain, strict=True):

@@ -131,7 +131,9 @@ def test_eagle_head_observes_overlapped_rounds(tiny_models, tmp_path):
     head = _random_head(target_dir, out, 256, (0, 1))
     cfg = EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False, overlap=True)
     engine = build_engine(str(target_dir), cfg)
-    engine.drafting.num_drafts = lambda lane, n: 3 if lane.num_known % 6 < 2 else 0  # mostly plain rounds
+    engine.drafting.num_drafts = lambda lane, n: (
+        3 if lane.num_known % 6 < 2 else 0
+    )  # mostly plain rounds
     seen = []
     propose = engine.proposer.propose
 

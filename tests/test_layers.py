@@ -16,31 +16,39 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (layer, module prefixes); the first matching prefix, longest first, names a module's layer
+# (layer, module prefixes); the first matching prefix, longest first, names a module's layer.
+# The engine's parts have layers of their own (DESIGN.md): the loop, then the rounds that take a
+# step's place, round execution, failure isolation, the parts it composes, the scheduler.
 LAYERS = [
     # the API and tools that build engines: the CLI, the server, `lanes distill`
     ("api", ["lanes", "lanes.cli", "lanes.serve_options", "lanes.server", "lanes.openai_api",
              "lanes.async_engine", "lanes.drafter.distill", "lanes.utility_api",
-             "lanes.server_metrics", "lanes.tools", "lanes.http_protocol", "lanes.responses"]),
+             "lanes.server_metrics", "lanes.tools", "lanes.http_protocol", "lanes.responses",
+             "lanes.serve_command"]),
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
-    ("engine", ["lanes.engine", "lanes.share", "lanes.metrics", "lanes.speculation",
-                "lanes.inflight", "lanes.draft_costs", "lanes.recurrent",
-                "lanes.launched_chunks", "lanes.round_clock", "lanes.mask_budget",
-                "lanes.mask_prefetch"]),
+    ("engine", ["lanes.engine"]),  # the thin loop
+    ("engine: rounds in a step's place", ["lanes.overlap", "lanes.device_round_driver"]),
+    ("engine: round execution", ["lanes.round_execution"]),
+    ("engine: isolation, scoring", ["lanes.isolation", "lanes.scoring"]),
+    ("engine: output", ["lanes.output"]),
+    ("engine: drafting, verifying", ["lanes.drafting", "lanes.verifier"]),
+    ("engine: scheduler, intake", ["lanes.scheduler", "lanes.intake"]),
+    ("engine: state", ["lanes.share", "lanes.metrics", "lanes.inflight", "lanes.draft_costs",
+                       "lanes.recurrent", "lanes.launched_chunks", "lanes.round_clock",
+                       "lanes.round_book", "lanes.mask_budget", "lanes.mask_prefetch"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.device_rounds",
-                "lanes.parallel", "lanes.block_tables",
-                "lanes.device_sampling"]),
+                "lanes.parallel", "lanes.block_tables", "lanes.device_sampling",
+                "lanes.speculation"]),
     ("models", ["lanes.models"]),
     ("ops", ["lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention"]),
     ("kernels", ["lanes.kernels"]),
     # below all of them: memory, the round plan, requests, config (DESIGN.md)
-    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.lane_rows", "lanes.sampling",
-              "lanes.penalties",
-              "lanes.grammar", "lanes.grammar_limits", "lanes.deep_stack", "lanes.prompt_bounds",
-              "lanes.config",
-              "lanes.batch", "lanes.tokenizer", "lanes.chat", "lanes.detokenize",
-              "lanes.packed", "lanes._source_tree"]),
+    ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.lane_rows", "lanes.lane_view",
+              "lanes.sampling", "lanes.sample_math", "lanes.penalties", "lanes.grammar",
+              "lanes.grammar_spec", "lanes.grammar_limits", "lanes.deep_stack",
+              "lanes.prompt_bounds", "lanes.config", "lanes.batch", "lanes.tokenizer",
+              "lanes.chat", "lanes.detokenize", "lanes.packed", "lanes._source_tree"]),
 ]  # fmt: skip
 FOLDERS = {"lanes": "lanes", "kernels": "lanes.kernels", "cache": "lanes.cache",
            "drafter": "lanes.drafter"}  # fmt: skip
@@ -81,53 +89,89 @@ def _imports(path: Path, mods: dict[str, Path]) -> set[str]:
 
 def test_imports_go_down_only():
     mods = _modules()
-    upward = []
-    for name, path in mods.items():
-        for target in _imports(path, mods) - {name}:
-            if _layer(target) < _layer(name):
-                upward.append(f"{name} ({LAYERS[_layer(name)][0]}) imports {target} "
-                              f"({LAYERS[_layer(target)][0]})")  # fmt: skip
+    upward = _upward(mods, mods)
     assert not upward, "\n".join(upward)
 
 
-# What the runner builds forwards from is plain data (lanes.lane_rows): it never reads the
-# scheduler's lanes or steps.
-RUNNER_SIDE = ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.batch",
-               "lanes.block_tables"]  # fmt: skip
-SCHEDULER_TYPES = {"lanes.lane", "lanes.rounds"}
+def _layer_of(name: str) -> str:
+    return LAYERS[_layer(name)][0]
 
 
-def _scheduler_imports(path: Path, mods: dict[str, Path]) -> set[str]:
-    return {t for t in _imports(path, mods) if t.rsplit(".", 1)[0] in SCHEDULER_TYPES or t in
-            SCHEDULER_TYPES}  # fmt: skip
+def _upward(mods: dict[str, Path], paths: dict[str, Path]) -> list[str]:
+    return [
+        f"{name} ({_layer_of(name)}) imports {target} ({_layer_of(target)})"
+        for name, path in paths.items()
+        for target in _imports(path, mods) - {name}
+        if _layer(target) < _layer(name)
+    ]
 
 
-def test_the_runner_takes_plain_data():
+def test_negative_control_an_upward_import_is_found(tmp_path):
+    """A drafter reaching into the engine's parts (what drafters did before issue 40)."""
     mods = _modules()
-    leaks = {m: _scheduler_imports(mods[m], mods) for m in RUNNER_SIDE}
-    assert not any(leaks.values()), leaks
+    leaky = tmp_path / "ngram.py"
+    leaky.write_text(
+        mods["lanes.drafter.ngram"].read_text() + "\nfrom lanes.output import Output\n"
+    )
+    found = _upward(mods, {"lanes.drafter.ngram": leaky})
+    assert found == ["lanes.drafter.ngram (drafter) imports lanes.output (engine: output)"]
 
 
-def test_negative_control_a_lane_import_on_the_runner_side_is_found(tmp_path):
+# Below the engine everything takes plain data: drafters get lane views and chunks
+# (lanes/lane_view.py), the runner and kernels LaneRows, tensors and numbers. None of them
+# reads the scheduler's lanes or steps, the engine's metrics or its grammar matchers.
+PLAIN_DATA_SIDE = ["lanes.drafter", "lanes.runner", "lanes.graphs", "lanes.chain_graphs",
+                   "lanes.device_rounds", "lanes.parallel", "lanes.block_tables",
+                   "lanes.device_sampling", "lanes.speculation", "lanes.batch", "lanes.models",
+                   "lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention",
+                   "lanes.kernels"]  # fmt: skip
+ENGINE_TYPES = {"lanes.lane", "lanes.rounds", "lanes.metrics", "lanes.grammar", "lanes.engine"}
+
+
+def _engine_imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    return {t for t in _imports(path, mods) if t in ENGINE_TYPES or t.rsplit(".", 1)[0] in
+            ENGINE_TYPES}  # fmt: skip
+
+
+def _plain_data_side(mods: dict[str, Path]) -> dict[str, Path]:
+    return {
+        m: p
+        for m, p in mods.items()
+        if any(m == s or m.startswith(s + ".") for s in PLAIN_DATA_SIDE)
+        and m != "lanes.drafter.distill"  # the `lanes distill` command: the API layer
+    }
+
+
+def test_below_the_engine_only_plain_data():
     mods = _modules()
-    leaky = tmp_path / "runner.py"
-    leaky.write_text(mods["lanes.runner"].read_text() + "\nfrom lanes.lane import Lane\n")
-    assert _scheduler_imports(leaky, mods) == {"lanes.lane"}
+    leaks = {m: _engine_imports(p, mods) for m, p in _plain_data_side(mods).items()}
+    assert not any(leaks.values()), {m: v for m, v in leaks.items() if v}
 
 
-# Kernels take tensors and plain numbers: never a forward's batch or the scheduler's objects.
-# (kernels/sampling.py's reference still reads lanes.sampling's SamplingParams: issue 40.)
-RUNTIME_TYPES = {"lanes.batch", "lanes.lane", "lanes.rounds", "lanes.lane_rows", "lanes.engine"}
+def test_negative_control_a_lane_import_in_a_drafter_is_found(tmp_path):
+    mods = _modules()
+    leaky = tmp_path / "eagle.py"
+    leaky.write_text(mods["lanes.drafter.eagle"].read_text() + "\nfrom lanes.lane import Lane\n")
+    assert _engine_imports(leaky, mods) == {"lanes.lane"}
 
 
-def _runtime_imports(path: Path, mods: dict[str, Path]) -> set[str]:
-    return _imports(path, mods) & RUNTIME_TYPES
+# Kernels take tensors and plain numbers: besides each other they read only packed weights'
+# containers, the position-keyed sampling math their references check against, and the cache
+# directory where the CPU kernels are built.
+KERNEL_MAY_IMPORT = {"lanes.packed", "lanes.sample_math", "lanes.config"}
+
+
+def _kernel_imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    return {
+        t for t in _imports(path, mods)
+        if not t.startswith("lanes.kernels") and t not in KERNEL_MAY_IMPORT
+    }  # fmt: skip
 
 
 def test_kernels_take_plain_data():
     mods = _modules()
-    leaks = {m: _runtime_imports(p, mods) for m, p in mods.items() if m.startswith("lanes.kernels")}
-    assert not any(leaks.values()), leaks
+    leaks = {m: _kernel_imports(p, mods) for m, p in mods.items() if m.startswith("lanes.kernels")}
+    assert not any(leaks.values()), {m: v for m, v in leaks.items() if v}
 
 
 def test_negative_control_a_batch_import_in_a_kernel_is_found(tmp_path):
@@ -135,7 +179,7 @@ def test_negative_control_a_batch_import_in_a_kernel_is_found(tmp_path):
     leaky = tmp_path / "attention_cpu.py"
     text = mods["lanes.kernels.attention_cpu"].read_text()
     leaky.write_text(text + "\nfrom lanes.batch import ForwardBatch\n")
-    assert _runtime_imports(leaky, mods) == {"lanes.batch"}
+    assert _kernel_imports(leaky, mods) == {"lanes.batch"}
 
 
 def test_no_import_circles():
@@ -244,3 +288,23 @@ def test_the_name_kernels_finds_the_distribution_not_the_checkouts_folder(tmp_pa
         found[first] = Path(run.stdout.strip())
     assert found["import lanes"] == site / "kernels" / "__init__.py"
     assert found["pass"] == ROOT / "kernels" / "__init__.py"
+
+
+# A file that grows past this holds more than one concept (issue 40: engine.py had reached 1,301
+# lines); split it by job instead. Runtime code only: tests and benches are not installed.
+MAX_LINES = 600
+
+
+def _too_long(paths: dict[str, Path]) -> dict[str, int]:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in paths.items()}
+    return {name: n for name, n in lengths.items() if n > MAX_LINES}
+
+
+def test_no_runtime_file_over_600_lines():
+    assert not _too_long(_modules())
+
+
+def test_negative_control_a_long_file_is_found(tmp_path):
+    long = tmp_path / "engine.py"
+    long.write_text("\n".join(f"x{i} = {i}" for i in range(MAX_LINES + 1)))
+    assert _too_long({"lanes.engine": long}) == {"lanes.engine": MAX_LINES + 1}

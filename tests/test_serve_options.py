@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import lanes.cli
+import lanes.serve_command
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.config import ConfigError
 from lanes.engine import RequestError
@@ -66,7 +67,7 @@ def test_vllm_spellings_parse():
 def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):
     served = {}
     monkeypatch.setattr(
-        lanes.cli, "serve_engine", lambda engine, **kw: served.update(engine=engine)
+        lanes.serve_command, "serve_engine", lambda engine, **kw: served.update(engine=engine)
     )
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\\n{% endfor %}")
