@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# H200 call 6 (issue 18): the 35B-A3B-like shape beside transformers' Qwen3_5MoeForCausalLM
-# 8K prefill (random weights of the same shape, no flash-linear-attention on the machine), graphs on.
-export PYTHONUNBUFFERED=1
-timeout 420 python3 -m bench.bench_hybrid --shape qwen3.5-35b-a3b-like --graphs on --repeats 2 \
-  --prefill 8192 --new-tokens 64 --out $OUT/hybrid-35b-hf-8k.json > $OUT/hybrid-35b-hf-8k.log 2>&1
-grep -v "^\[transformers\]" $OUT/hybrid-35b-hf-8k.log | tail -30
