@@ -220,9 +220,9 @@ def _next_turn_resumed_and_fresh(model_dir, overlap: bool):
 def test_negative_control_overlapped_rounds_past_a_snapshot(hybrid, monkeypatch):
     """With a round launched on top of one that ends on a block boundary, the snapshot copied
     when that one's tokens are taken holds a later state: the next turn differs from fresh."""
-    from lanes.engine import Engine
+    from lanes.overlap import Overlap
 
-    monkeypatch.setattr(Engine, "_snapshot_due", lambda self, steps: False)
+    monkeypatch.setattr(Overlap, "_snapshot_due", lambda self, steps: False)
     resumed, fresh = _next_turn_resumed_and_fresh(hybrid[0], overlap=True)
     assert resumed.token_ids != fresh.token_ids
 
