@@ -264,7 +264,7 @@ def matmul(
     plan = plan_for(n, k, target_programs(x.device), wide_steps(x.dtype, x.device))
     partial = plan.split > 1 and m <= SMALL_M
     # bf16/fp16: tensor-core tiles of 16 to 256 rows and of 32 to 256 columns give a row the
-    # same bits (checked on the H200: bench.kernel_check, bench_prefill_tiles), so 17-64 rows
+    # same bits (checked on the H200: bench.kernels.check, bench_prefill_tiles), so 17-64 rows
     # read each weight tile once, in one 64-row tile, and prefill runs large tiles with deeper
     # pipelining (through tensor descriptors on Hopper); fp32 products are FMA loops whose order
     # follows the tile, so fp32 keeps one tile shape.

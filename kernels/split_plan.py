@@ -65,7 +65,7 @@ def plan_for(n: int, k: int, target: int, wide: bool = False, step: int = BLOCK_
     in 7 -> 30.8 in 4), with 64-wide steps it goes the other way (13.4 and 36.5 in 4); lm_head
     252 -> 233 us; and prefill's tiles add fewer segments (down at M = 8,192: 1,404 -> 1,272
     us). The tensor cores add their 16-wide K chunks into the accumulator in ascending order at
-    either width, so every row keeps its bits (bench.kernel_check's rows of M = 1, 37, 64, 128
+    either width, so every row keeps its bits (bench.kernels.check's rows of M = 1, 37, 64, 128
     against M = 4,096 for the 8B and SmolLM2 projections, the sweep's for lm_head)."""
     steps = k // step
     most = max(1, min(k // _MIN_SEGMENT, steps, _MAX_SPLIT))

@@ -1,4 +1,4 @@
-"""Running from a checkout without installing (e.g. `python -m bench.bench_rounds` on a machine
+"""Running from a checkout without installing (e.g. `python -m bench.speed.rounds` on a machine
 with no network): the repository's sibling folders kernels/, cache/ and drafter/ are imported as
 lanes.kernels, lanes.cache and lanes.drafter, the names an installed wheel gives them
 (pyproject's package-dir). An installed or editable lanes never needs this: the finder is only

@@ -4,7 +4,7 @@ target's graphs), the device rounds' buckets captured, and the sampling kernels 
 CPU: the C kernels of exact mode built.
 
 Done lazily, each of these lands inside some round and stalls every lane running then: on the
-H200 a c64 run (bench/c64_rounds.py) had single rounds of 0.8-2.7 s where a graph was captured or
+H200 a c64 run (bench/speed/c64.py) had single rounds of 0.8-2.7 s where a graph was captured or
 a kernel compiled, and a first seeded request waited ~2 s for the sampler's compile. vLLM
 captures its decode graphs at start for the same reason.
 """

@@ -1,4 +1,4 @@
-"""bench/bench_openai.py against a live lanes server at tiny settings: every section runs and
+"""bench/serving/openai_load.py against a live lanes server at tiny settings: every section runs and
 the exactness receipt finds every output equal."""
 
 from __future__ import annotations

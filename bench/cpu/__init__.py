@@ -1,0 +1,1 @@
+"""lanes against llama.cpp on the CPU"""

@@ -1,0 +1,1 @@
+"""what drafting buys: speedups, acceptance, agreement"""

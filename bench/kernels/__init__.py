@@ -1,0 +1,1 @@
+"""each kernel against its reference, and its time"""

@@ -1,0 +1,5 @@
+import sys
+
+from bench.dispatch import run
+
+sys.exit(run("kernels", sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""where the time goes: profiler windows and traces"""

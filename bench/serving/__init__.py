@@ -1,0 +1,1 @@
+"""a server under load, bad input and long runs (OpenAI-compatible clients)"""

@@ -1,0 +1,1 @@
+"""how fast the engine runs: decode, prefill, rounds, overlap, device rounds"""
