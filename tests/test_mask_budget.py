@@ -62,7 +62,8 @@ def test_a_costly_grammar_rests_and_every_output_equals_solo(long_model_dir):
         return allowed
 
     for share, rests in ((0.25, True), (1e9, False)):
-        engine.mask_budget = MaskBudget(share)
+        budget = engine.mask_budget  # one object, shared by the engine's parts
+        budget.share, budget.num_rests = share, 0  # the last loop's lanes ended: no debts left
         lanes = [engine.submit("plain words", plain), engine.submit("hi", grammar)]
         cursor = lanes[1].grammar_cursor
         cursor.allowed = slow_allowed(cursor)

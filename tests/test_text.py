@@ -59,7 +59,7 @@ def test_eos_and_stop_token_ids_stop_generation(llama_dir):
         ["The quick"], SamplingParams(max_tokens=5, stop_token_ids=(first,))
     )
     assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
-    engine.eos_token_ids = frozenset({first})  # pretend the model's first pick is its EOS
+    engine.output.eos_token_ids = frozenset({first})  # pretend the model's first pick is EOS
     (eos,) = engine.generate(["The quick"], SamplingParams(max_tokens=5))
     assert eos.token_ids == [first] and eos.finish_reason == "stop"
     assert engine.generate(["The quick"], params)[0].token_ids == free.token_ids  # ignore_eos
