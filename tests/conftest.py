@@ -14,6 +14,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # Without a GPU, Triton kernels run on its CPU interpreter; this must be set before Triton loads.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist each worker is a process of its own: one torch thread each keeps the
+# workers from taking each other's cores (2 workers x 2 threads on CI's 2 cores ran slower).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def _interpreted_helpers_without_repatching() -> None:

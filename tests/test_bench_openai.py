@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 
-from bench import bench_openai
+from bench.serving import openai_load as bench_openai
 from lanes import EngineConfig, build_engine
 from tests.live_server import MODEL, LiveServer
 
