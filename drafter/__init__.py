@@ -14,15 +14,21 @@ __all__ = ["Draft", "Proposer", "make_proposer"]
 
 
 def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Proposer | None:
-    """`--drafter`: "none", "ngram", a `lanes distill` (EAGLE-style) directory, such a
+    """`--drafter`: "none", "ngram" (or "ngram:MIN-MAX", the suffix lengths looked up), a `lanes distill` (EAGLE-style) directory, such a
     directory + "+ngram" (prompt lookup first, the head elsewhere: drafter/hybrid.py), or a
     drafter model (HF directory, .gguf file, repo id)."""
     if spec in ("", "none"):
         return None
-    if spec == "ngram":
+    if spec == "ngram" or spec.startswith("ngram:"):  # "ngram:2-4": suffixes of 2 to 4 tokens
         from lanes.drafter.ngram import NgramProposer
 
-        return NgramProposer()
+        low, _, high = spec.removeprefix("ngram").removeprefix(":").partition("-")
+        if not low:
+            return NgramProposer()
+        try:
+            return NgramProposer(min_n=int(low), max_n=int(high))
+        except ValueError as e:
+            raise ValueError(f"--drafter {spec}: expected ngram:MIN-MAX, e.g. ngram:1-3") from e
     from lanes.drafter.eagle import EagleDrafter, is_eagle_dir
 
     if is_eagle_dir(spec):

@@ -101,8 +101,9 @@ class RequestHandle:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, log_stats: bool = True) -> None:
         self.engine = engine
+        self.log_stats = log_stats  # a periodic stats line (vLLM's --disable-log-stats: off)
         self._commands: queue.Queue = queue.Queue()
         self._cancelled: set[int] = set()
         self._cancel_everything = False
@@ -234,7 +235,7 @@ class AsyncEngine:
 
     def _log_stats(self) -> None:
         e, now = self.engine, self.engine.clock()
-        if not self._stats.due(now):
+        if not self.log_stats or not self._stats.due(now):
             return
         used = 1.0 - e.cache.num_available / max(1, e.pool.num_blocks)
         line = self._stats.line(e.metrics, now, len(e.running), len(e.waiting), used)

@@ -16,11 +16,13 @@ from lanes.serve_options import (  # noqa: F401  (_CliError: tests)
     _CliError,
     byte_size,
     device_name,
+    dtype_name,
     origins,
     port_number,
     positive_bytes,
     positive_int,
 )
+from lanes.vllm_flags import add_vllm_flags, model_len
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -292,10 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one"
     )
     model.add_argument(
-        "--max-model-len", type=int, default=None, help="context limit (at most the model's)"
+        "--max-model-len",
+        type=model_len,
+        default=None,
+        help="context limit (at most the model's): 32768, 32k (32,000) or 32K (32,768)",
     )
     model.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+        "--dtype",
+        type=dtype_name,
+        default="auto",
+        help="auto, bfloat16, float16 (half) or float32 (float)",
     )
     model.add_argument(
         "--device", type=device_name, default=None, help="cpu or cuda (default: cuda if present)"
@@ -409,6 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--disable-log-requests",
         action="store_true",
         help="no line per finished request (outcome, tokens, TTFT, duration)",
+    )
+    add_vllm_flags(
+        serve.add_argument_group(
+            "vLLM's flags (each does what it does in vLLM, or lanes says at startup what it does "
+            "instead)"
+        )
     )
     serve.set_defaults(run=_serve)
     return parser

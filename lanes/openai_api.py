@@ -152,9 +152,10 @@ def _get(body: dict, name: str, kind: type | tuple, default: Any = None) -> Any:
 
 
 def parse_request(
-    body: Any, chat: bool, context_len: int, native_tools: bool = False
+    body: Any, chat: bool, context_len: int, native_tools: bool = False, max_logprobs: int = 20
 ) -> ParsedRequest:
-    """native_tools: the chat template renders tools itself (lanes.chat.takes_tools)."""
+    """native_tools: the chat template renders tools itself (lanes.chat.takes_tools);
+    max_logprobs: the most logprobs / top_logprobs a request may ask for (--max-logprobs)."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     for name, neutral in _UNSUPPORTED.items():
@@ -196,8 +197,8 @@ def parse_request(
         logprobs = _get(body, "logprobs", int)
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
-    if logprobs is not None and not 0 <= logprobs <= 20:
-        raise ApiError("logprobs / top_logprobs must be in [0, 20]", "logprobs")
+    if logprobs is not None and not 0 <= logprobs <= max_logprobs:
+        raise ApiError(f"logprobs / top_logprobs must be in [0, {max_logprobs}]", "logprobs")
     temperature = _get(body, "temperature", float, 1.0)
     if not 0 <= temperature <= MAX_TEMPERATURE:
         raise ApiError(f"'temperature' must be in [0, {MAX_TEMPERATURE}]", "temperature")

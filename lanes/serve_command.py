@@ -17,13 +17,17 @@ def _serve(args: argparse.Namespace) -> int:
     from lanes.build import build_engine
     from lanes.config import EngineConfig, api_key_from_env
     from lanes.serve_options import kv_bytes_for_utilization, speculative_options
+    from lanes.vllm_flags import apply, notices
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    log = logging.getLogger("lanes")
+    for line in notices(args):
+        log.warning("%s", line)
     if args.model_arg and args.model and args.model_arg != args.model:
         raise _CliError(f"two models given: {args.model_arg!r} and --model {args.model!r}")
-    model = args.model_arg or args.model
+    model = _from_hub(args.model_arg or args.model, args, "--model")
     drafter, num_drafts = args.drafter, args.num_draft_tokens
     if args.speculative_config is not None:
         if drafter != "none":
@@ -42,8 +46,8 @@ def _serve(args: argparse.Namespace) -> int:
         if device.startswith("cuda"):
             kv_bytes = _kv_bytes_for(args, model, device, kv_bytes_for_utilization)
         else:
-            logging.getLogger("lanes").info("--gpu-memory-utilization is for CUDA; ignored")
-    config = EngineConfig(
+            log.info("--gpu-memory-utilization is for CUDA; ignored")
+    settings = dict(
         device=device,
         dtype=args.dtype,
         exact=not args.fast,
@@ -65,6 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         gguf_packed=args.gguf_packed,
     )
+    apply(args, settings)
+    config = EngineConfig(**settings)
     names = args.served_model_name or [model or "SmolLM2-135M-Instruct"]
     template = None if args.chat_template is None else chat_template_text(args.chat_template)
 
@@ -83,6 +89,10 @@ def _serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         allowed_origins=args.allowed_origins,
         report_cached_tokens=args.enable_prompt_tokens_details,
+        max_logprobs=min(args.max_logprobs, 20),
+        log_stats=not args.disable_log_stats,
+        log_level=args.uvicorn_log_level,
+        root_path=args.root_path or "",
     )
     if args.tensor_parallel > 1:
         import functools
@@ -98,11 +108,27 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tokenizer:
         from lanes.build import keeps_gguf_packed
 
-        checkpoint = with_tokenizer(model, args.tokenizer, keeps_gguf_packed(config))
+        tokenizer = _from_hub(args.tokenizer, args, "--tokenizer")
+        checkpoint = with_tokenizer(model, tokenizer, keeps_gguf_packed(config))
         serve(_off_the_main_thread(build_engine, checkpoint=checkpoint, config=config), **options)
         return 0
     serve(_off_the_main_thread(build_engine, model, config), **options)
     return 0
+
+
+def _from_hub(spec: str | None, args: argparse.Namespace, flag: str) -> str | None:
+    """A repo id given with --revision or --download-dir (vLLM's), or a repo id for --tokenizer:
+    its local snapshot, fetched once; anything else as given."""
+    from pathlib import Path
+
+    from lanes.models.resolve import hub_snapshot, is_repo_id
+
+    if spec is None or Path(spec).expanduser().exists() or not is_repo_id(spec):
+        return spec
+    if flag == "--model" and args.revision is None and args.download_dir is None:
+        return spec  # the usual path (open_checkpoint resolves it)
+    revision = args.revision if flag == "--model" else None  # vLLM: --revision is the model's
+    return str(hub_snapshot(spec, revision=revision, cache_dir=args.download_dir))
 
 
 def _off_the_main_thread(fn, *args, **kwargs):
@@ -142,7 +168,9 @@ def with_tokenizer(model: str | None, tokenizer_dir: str, gguf_packed: bool = Fa
     checkpoint = open_checkpoint(model, gguf_packed)
     path = Path(tokenizer_dir)
     if not path.is_dir():
-        raise _CliError(f"--tokenizer {tokenizer_dir}: not a directory (a local HF tokenizer)")
+        raise _CliError(
+            f"--tokenizer {tokenizer_dir}: not a directory (a local HF tokenizer) nor a repo id"
+        )
     tokenizer = Tokenizer.from_hf_dir(path, checkpoint.config)
     if tokenizer.vocab_size > checkpoint.config.vocab_size:
         raise _CliError(
@@ -178,6 +206,10 @@ def serve_engine(
     log_requests: bool = True,
     allowed_origins: tuple[str, ...] = (),
     report_cached_tokens: bool = False,
+    max_logprobs: int = 20,
+    log_stats: bool = True,
+    log_level: str = "info",
+    root_path: str = "",
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -196,6 +228,8 @@ def serve_engine(
         allowed_origins=allowed_origins,
         log_requests=log_requests,
         report_cached_tokens=report_cached_tokens,
+        max_logprobs=max_logprobs,
+        log_stats=log_stats,
     )
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(
@@ -224,7 +258,8 @@ def serve_engine(
             app,
             host=host,
             port=port,
-            log_level="info",
+            log_level=log_level,
+            root_path=root_path,
             access_log=access_log,  # one line per request, as vLLM users expect to see
             timeout_graceful_shutdown=5,
             http=HeaderDeadlineH11,  # a connection's headers within 30 s, or it is closed

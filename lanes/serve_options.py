@@ -14,7 +14,8 @@ import re
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
 _BYTES = re.compile(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
-SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens")
+SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max",
+                    "prompt_lookup_min")  # fmt: skip
 _ACTIVATION_MARGIN = 2**30  # bytes left for activations and CUDA graphs
 
 
@@ -53,10 +54,23 @@ def speculative_options(text: str) -> tuple[str, int | None]:
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
         raise ValueError(f"--speculative-config: num_speculative_tokens must be >= 0, got {k!r}")
     method, model = spec.get("method"), spec.get("model")
-    if method == "ngram":
+    lookup = [spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")]
+    if method in ("ngram", "[ngram]"):
         if model is not None:
             raise ValueError("--speculative-config: method 'ngram' takes no model")
-        return "ngram", k
+        if lookup == [None, None]:
+            return "ngram", k
+        low, high = lookup[0] or 1, lookup[1]  # vLLM: the minimum defaults to 1
+        if high is None or not all(isinstance(n, int) and n >= 1 for n in (low, high)):
+            raise ValueError(
+                "--speculative-config: prompt_lookup_max (and prompt_lookup_min) must be whole "
+                f"numbers >= 1, got {lookup[1]!r} ({lookup[0]!r})"
+            )
+        if low > high:
+            raise ValueError(f"--speculative-config: prompt_lookup_min {low} > max {high}")
+        return f"ngram:{low}-{high}", k
+    if lookup != [None, None]:
+        raise ValueError("--speculative-config: prompt_lookup_* go with method 'ngram'")
     if isinstance(model, str) and model:
         return model, k
     raise ValueError(
@@ -115,6 +129,36 @@ def fits_memory(kv_bytes: int, device: str) -> int:
             f"--kv-cache-bytes {kv_bytes} is more than the {device} memory ({total} bytes)"
         )
     return kv_bytes
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+
+
+def human_int(text: str) -> int:
+    """A count as vLLM's flags take one: 32768, 32k or 25.6k (powers of 1,000), 32K (powers of
+    1,024; whole numbers only)."""
+    match = _HUMAN_INT.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a number such as 4096, 32k or 32K, got {text!r:.40}"
+        )
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** (" kmgt".index(suffix)))
+    if "." in number:
+        raise argparse.ArgumentTypeError(f"{text!r}: a decimal takes k/m/g/t, not {suffix}")
+    return int(number) * 1024 ** (" KMGT".index(suffix or " "))
+
+
+DTYPES = {"auto": "auto", "float32": "float32", "float": "float32", "bfloat16": "bfloat16",
+          "float16": "float16", "half": "float16"}  # fmt: skip
+
+
+def dtype_name(text: str) -> str:
+    """--dtype as vLLM takes it: auto, bfloat16, float16 (half) or float32 (float)."""
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DTYPES)}, got {text!r:.40}")
+    return DTYPES[text]
 
 
 def positive_int(text: str) -> int:

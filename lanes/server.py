@@ -57,6 +57,8 @@ def build_app(
     allowed_origins: tuple[str, ...] = (),
     log_requests: bool = True,
     report_cached_tokens: bool = False,
+    max_logprobs: int = 20,
+    log_stats: bool = True,
 ) -> Starlette:
     """The app. model_name: the id clients send, or several (vLLM's --served-model-name a b):
     any is accepted and echoed back, the first labels the metrics. api_key: one key or several;
@@ -65,13 +67,14 @@ def build_app(
     server). log_requests: a log line per request as it ends (id, outcome, tokens, TTFT,
     duration). report_cached_tokens: usage.prompt_tokens_details.cached_tokens in responses
     (vLLM's --enable-prompt-tokens-details); off by default, as it tells a client which prompt
-    prefixes others sent (docs/serving.md)."""
+    prefixes others sent (docs/serving.md). max_logprobs: the most logprobs / top_logprobs a
+    request may ask for (vLLM's --max-logprobs). log_stats: a periodic stats line in the log."""
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model names must be non-empty strings, got {model_name!r}")
     model_name = names[0]
     served = ", ".join(repr(n) for n in names)
-    runner = AsyncEngine(engine)
+    runner = AsyncEngine(engine, log_stats=log_stats)
     metrics = ServerMetrics(model_name)
     control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
@@ -157,7 +160,7 @@ def build_app(
                     "not_found_error",
                 )
             native = takes_tools(engine.tokenizer.chat_template)
-            parsed = parse_request(body, chat, engine.context_len, native)
+            parsed = parse_request(body, chat, engine.context_len, native, max_logprobs)
             lanes = await off_loop(lanes_for, parsed, chat, salt)
             handles = runner.submit_lanes(lanes)  # all at once: cancelled together, too
         except ApiError as e:

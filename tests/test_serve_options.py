@@ -32,7 +32,9 @@ def test_speculative_config():
         ("{", "not JSON"),
         ("[1]", "JSON object"),
         ('{"method": "eagle3"}', "needs"),
-        ('{"method": "ngram", "prompt_lookup_max": 4}', "unsupported keys"),
+        ('{"method": "ngram", "prompt_lookup_max": 0}', "whole numbers >= 1"),
+        ('{"model": "d", "prompt_lookup_max": 4}', "go with method 'ngram'"),
+        ('{"method": "ngram", "prompt_lookup_cap": 4}', "unsupported keys"),
         ('{"method": "ngram", "num_speculative_tokens": -1}', ">= 0"),
     ]:
         with pytest.raises(ValueError, match=words):

@@ -47,29 +47,45 @@ def open_checkpoint(spec: str | None, gguf_packed: bool = False) -> Checkpoint:
     raise ModelNotFound(f"{spec!r} is neither a local directory, a .gguf file nor a repo id")
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
+def is_repo_id(spec: str) -> bool:
+    return _REPO_ID.fullmatch(spec) is not None
+
+
+def cached_snapshot(
+    repo_id: str, revision: str | None = None, cache_dir: str | None = None
+) -> Path | None:
     """The snapshot of `repo_id` in huggingface_hub's cache, or None (no network is used)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=True))
+        return Path(
+            snapshot_download(
+                repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=_HUB_FILES,
+                local_files_only=True,
+            )
+        )  # fmt: skip
     except LocalEntryNotFoundError:
         return None
 
 
-def hub_snapshot(repo_id: str) -> Path:
-    """The local snapshot of `repo_id`: from the cache (offline), else downloaded once."""
+def hub_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | None = None) -> Path:
+    """The local snapshot of `repo_id` (at `revision`, in `cache_dir`: vLLM's --revision and
+    --download-dir): from the cache (offline), else downloaded once."""
     from huggingface_hub import snapshot_download
 
-    cached = cached_snapshot(repo_id)
+    cached = cached_snapshot(repo_id, revision, cache_dir)
     if cached is not None:
         return cached
     if hub_offline():
         raise ModelNotFound(f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
     _notice(f"fetching {repo_id} from the Hugging Face hub (once: it is cached afterwards)")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+        return Path(
+            snapshot_download(
+                repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=_HUB_FILES
+            )
+        )
     except Exception as e:  # network, auth, missing repo: all end the same way for the user
         raise ModelNotFound(
             f"{repo_id} is not in the Hugging Face cache and the hub could not be reached "
