@@ -27,14 +27,24 @@ class Chat:
 
     messages: list[dict]
     tools: list[dict] | None = None  # [{"type": "function", "function": {...}}, ...]
+    # more names the template reads (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)
+    template_kwargs: dict | None = None
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.filters["tojson"] = _tojson
     return env
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' `tojson` filter for chat templates: json.dumps with its keyword arguments
+    (non-ASCII kept by default)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 @lru_cache(maxsize=8)
@@ -70,6 +80,7 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
 ) -> str:
     if not template:
         raise ChatTemplateError("this model has no chat template; send a plain prompt instead")
@@ -83,6 +94,7 @@ def render_chat(
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
+            **(template_kwargs or {}),
         )
     except TemplateError as e:
         raise ChatTemplateError(f"chat template failed: {e}") from e

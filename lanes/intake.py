@@ -12,6 +12,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
 
@@ -70,7 +71,7 @@ class Intake:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, Chat):
-            return self.tokenizer.encode_chat(prompt.messages, prompt.tools)
+            return self.tokenizer.encode_chat(prompt.messages, prompt.tools, prompt.template_kwargs)
         if prompt and all(isinstance(m, dict) for m in prompt):
             return self.tokenizer.encode_chat(prompt)
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -88,6 +89,10 @@ class Intake:
         except ValueError as e:
             raise RequestError(str(e)) from e
         ids = self.encode(prompt)
+        if params.truncate_prompt_tokens is not None:  # vLLM's: the prompt's last N tokens
+            ids = ids[-params.truncate_prompt_tokens :]
+        if params.bad_words:
+            params = dataclasses.replace(params, bad_words_ids=self.bad_words_ids(params.bad_words))
         self._check_ids(ids, params)
         table = BlockTable(self.config.block_size)
         if table.blocks_needed(len(ids) + 1) > self.num_blocks:
@@ -120,11 +125,24 @@ class Intake:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
         if any(not 0 <= t < vocab for t, _ in params.logit_bias):
             raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in params.allowed_token_ids):
+            raise RequestError(f"allowed_token_ids must be in [0, {vocab})")
         if len(ids) >= self.context_len:
             raise RequestError(
                 f"the prompt has {len(ids)} tokens; the model's context is {self.context_len} "
                 "tokens and at least one must be left to generate"
             )
+
+    def bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word as the token sequences it can appear as: alone and after a space (as
+        vLLM tokenizes them)."""
+        out: dict[tuple[int, ...], None] = {}
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+                if ids:
+                    out[ids] = None
+        return tuple(out)
 
     def cancel(self, request_id: int) -> None:
         self._cancel_requested.add(request_id)

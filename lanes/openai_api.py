@@ -12,6 +12,7 @@ from lanes.grammar_limits import MAX_SCHEMA_DEPTH, GrammarTooLarge, check_schema
 from lanes.grammar_spec import Grammar
 from lanes.sampling import SamplingParams
 from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
+from lanes.vllm_fields import FieldError, sampling_fields, template_kwargs, unknown_fields
 
 # Limits on one request, so no request can cost unbounded engine or host time (docs/serving.md).
 MAX_N = 16
@@ -67,6 +68,7 @@ class ParsedRequest:
     logprobs: int | None  # completions: top-N count; chat: top_logprobs (None: no logprobs)
     max_tokens_given: bool = True  # False: generate up to the context
     tools: Tools | None = None  # chat: the functions the model may call
+    unknown_fields: tuple[str, ...] = ()  # field names lanes does not know (logged once each)
 
 
 def decode_body(raw: bytes) -> dict:
@@ -165,9 +167,16 @@ def parse_request(
         messages = parse_messages(body.get("messages"))
         try:
             tools = parse_tools(body)
-            prompts: list[Any] = [messages_with_tools(messages, tools, native_tools)]
-        except ToolError as e:
+            chat_prompt = messages_with_tools(messages, tools, native_tools)
+            extra = template_kwargs(body)
+        except (ToolError, FieldError) as e:
             raise ApiError(str(e), e.param) from e
+        if extra is not None:  # the template's extra names ride with the messages
+            if isinstance(chat_prompt, Chat):
+                chat_prompt = Chat(chat_prompt.messages, chat_prompt.tools, extra)
+            else:
+                chat_prompt = Chat(chat_prompt, None, extra)
+        prompts: list[Any] = [chat_prompt]
     else:
         if body.get("tools") not in (None, []):
             raise ApiError("'tools' is for chat completions", "tools")
@@ -213,6 +222,10 @@ def parse_request(
         raise ApiError(f"'cache_salt' is longer than {MAX_SALT_CHARS} characters", "cache_salt")
     options = _get(body, "stream_options", dict, {})
     try:
+        extras = sampling_fields(body)
+    except FieldError as e:
+        raise ApiError(str(e), e.param) from e
+    try:
         base = SamplingParams(
             # unset: up to the context (the engine stops there)
             max_tokens=max_tokens if max_tokens is not None else context_len,
@@ -231,6 +244,7 @@ def parse_request(
             min_tokens=_get(body, "min_tokens", int, 0),
             logit_bias=_logit_bias(body.get("logit_bias")),
             grammar=_grammar(body, tools),
+            **extras,
         )
     except ValueError as e:
         raise ApiError(str(e)) from e
@@ -245,6 +259,7 @@ def parse_request(
         logprobs=logprobs,
         max_tokens_given=max_tokens is not None,
         tools=tools if tools is not None and tools.active else None,
+        unknown_fields=tuple(unknown_fields(body)),
     )
 
 
@@ -398,6 +413,7 @@ def refuse_control_tokens(messages: list[dict] | Chat, control_tokens: list[str]
     if isinstance(messages, Chat):
         texts = [(f"messages[{i}]", json.dumps(m)) for i, m in enumerate(messages.messages)]
         texts.append(("tools", json.dumps(messages.tools)))
+        texts.append(("chat_template_kwargs", json.dumps(messages.template_kwargs)))
     else:
         texts = [(f"messages[{i}].content", m["content"]) for i, m in enumerate(messages)]
     for where, text in texts:
@@ -406,7 +422,7 @@ def refuse_control_tokens(messages: list[dict] | Chat, control_tokens: list[str]
                 raise ApiError(
                     f"{where} contains the control token {token!r}; the server "
                     "refuses it (started with --allow-special-tokens, it would pass)",
-                    "tools" if where == "tools" else "messages",
+                    where if where in ("tools", "chat_template_kwargs") else "messages",
                 )
 
 

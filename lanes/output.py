@@ -76,7 +76,9 @@ class Output:
         is_stop_token = (
             token in self.eos_token_ids and not p.ignore_eos
         ) or token in p.stop_token_ids
-        if is_stop_token or (p.stop and piece and cut_at_stop(lane, len(piece))):
+        if is_stop_token or (
+            p.stop and piece and cut_at_stop(lane, len(piece), p.include_stop_str_in_output)
+        ):
             lane.finish_reason = "stop"
         elif lane.num_known >= self.scheduler.max_len(lane):
             lane.finish_reason = "length"
@@ -115,14 +117,16 @@ class Output:
         return self.end(lane, LaneState.CANCELLED)
 
 
-def cut_at_stop(lane: Lane, num_new: int) -> bool:
-    """Cut the text at the first stop string; only a match that takes new text can be new,
-    so the search looks at the tail alone (a long output costs no more per token)."""
+def cut_at_stop(lane: Lane, num_new: int, keep_stop: bool = False) -> bool:
+    """Cut the text at the first stop string (after it with keep_stop: vLLM's
+    include_stop_str_in_output); only a match that takes new text can be new, so the search
+    looks at the tail alone (a long output costs no more per token)."""
     longest = max(len(s) for s in lane.params.stop)
     tail = max(0, len(lane.text) - num_new - longest + 1)
-    hits = [i for i in (lane.text.find(s, tail) for s in lane.params.stop) if i >= 0]
+    hits = [(i, s) for s in lane.params.stop if (i := lane.text.find(s, tail)) >= 0]
     if hits:
-        lane.text = lane.text[: min(hits)]
+        start, stop = min(hits)
+        lane.text = lane.text[: start + len(stop) if keep_stop else start]
     return bool(hits)
 
 

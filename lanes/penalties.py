@@ -1,9 +1,10 @@
-"""Logits processing before sampling: penalties, logit_bias, min_p, min_tokens.
+"""Logits processing before sampling: allowed and banned tokens, penalties, logit_bias, min_p,
+min_tokens.
 
 Each is a pure function of the row's logits and the tokens before its position (the prompt, the
 output so far, and in a verify step the drafts before that row), so a position's processed
 logits are the same whether it is decoded alone or verified behind drafts: drafted output still
-equals undrafted. The order, vLLM's: logit_bias, min_tokens, then the repetition penalty over
+equals undrafted. The order, vLLM's: allowed_token_ids and bad words (tokens set to -inf), logit_bias, min_tokens, then the repetition penalty over
 prompt and output, then presence and frequency penalties over the output (OpenAI's), then
 min_p (relative to the most likely token at the sampling temperature).
 
@@ -35,6 +36,13 @@ def process_logits(
         return logits
     out = logits.float().clone()
     vocab = out.shape[0]
+    if params.allowed_token_ids:
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        keep[[t for t in params.allowed_token_ids if t < vocab]] = True
+        out = out.masked_fill(~keep.to(out.device), float("-inf"))
+    banned = [t for t in banned_by_words(params.bad_words_ids, output_ids) if t < vocab]
+    if banned:
+        out[torch.tensor(banned, dtype=torch.int64, device=out.device)] = float("-inf")
     if params.logit_bias:
         ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.int64)
         bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
@@ -58,6 +66,20 @@ def process_logits(
     if params.min_p > 0 and not params.is_greedy:
         floor = out.max() + params.temperature * math.log(params.min_p)
         out = out.masked_fill(out < floor, float("-inf"))
+    return out
+
+
+def banned_by_words(words: Sequence[Sequence[int]], output_ids: Sequence[int]) -> list[int]:
+    """vLLM's bad words: the last token of each word whose other tokens end the output (a
+    one-token word is always banned).
+
+    Example: words [[7], [4, 5, 6]], output [.., 4, 5] -> [7, 6]; output [.., 5] -> [7]."""
+    n = len(output_ids)
+    out = []
+    for word in words:
+        k = len(word) - 1
+        if k <= n and all(output_ids[n - k + j] == word[j] for j in range(k)):
+            out.append(word[-1])
     return out
 
 
@@ -100,6 +122,23 @@ def process_rows(logits: torch.Tensor, rows: Sequence[RowContext]) -> torch.Tens
         idx = upload(masked, torch.int64)
         forbidden = ~allowed.to(device, non_blocking=True)
         out[idx] = out[idx].masked_fill(forbidden, float("-inf"))
+    limited = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
+    if limited:
+        keep = torch.zeros((len(limited), vocab), dtype=torch.bool, device=device)
+        ids = [(j, t) for j, i in enumerate(limited) for t in rows[i].params.allowed_token_ids
+               if t < vocab]  # fmt: skip
+        if ids:
+            keep[cells(ids)] = True
+        idx = upload(limited, torch.int64)
+        out[idx] = out[idx].masked_fill(~keep, float("-inf"))
+    banned = [
+        (i, t)
+        for i, r in enumerate(rows)
+        for t in banned_by_words(r.params.bad_words_ids, r.output_ids)
+        if t < vocab
+    ]
+    if banned:
+        out[cells(banned)] = float("-inf")
     biased = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias]
     if biased:
         at = cells([(i, t) for i, t, _ in biased])

@@ -50,6 +50,14 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids held back until this many tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     grammar: Grammar | None = None  # structured output: what the text must match
+    # vLLM's: only these tokens may be sampled (empty: any)
+    allowed_token_ids: tuple[int, ...] = ()
+    # vLLM's bad_words: the engine turns each into token sequences (bad_words_ids) at intake; a
+    # sequence's last token is banned where the output ends with the tokens before it
+    bad_words: tuple[str, ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    include_stop_str_in_output: bool = False  # the text keeps the stop string that ended it
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last N tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -85,6 +93,14 @@ class SamplingParams:
             raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
         if len({t for t, _ in self.logit_bias}) < len(self.logit_bias):
             raise ValueError("logit_bias names a token id twice (as '5' and '05', say)")
+        if any(t < 0 for t in self.allowed_token_ids):
+            raise ValueError("allowed_token_ids must be token ids >= 0")
+        if any(not word for word in self.bad_words) or any(not ids for ids in self.bad_words_ids):
+            raise ValueError("bad_words must be non-empty")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            raise ValueError(
+                f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"
+            )
         if self.grammar is not None and self.min_tokens:
             # a finished grammar allows only EOS, which min_tokens would hold back
             raise ValueError("min_tokens cannot be combined with a structured output")
@@ -95,10 +111,12 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether penalties, logit_bias, min_p, min_tokens or a grammar change this request's
-        logits."""
+        """Whether penalties, logit_bias, min_p, min_tokens, allowed or bad tokens, or a grammar
+        change this request's logits."""
         return bool(
             self.grammar is not None
+            or self.allowed_token_ids
+            or self.bad_words_ids
             or self.presence_penalty
             or self.frequency_penalty
             or self.repetition_penalty != 1.0

@@ -44,6 +44,7 @@ MAX_BODY_BYTES = 4 * 2**20
 BODY_TIMEOUT_S = 30.0  # a client gets this long to send its whole request body
 # Threads that parse bodies, tokenize and compile grammars: a burst of big requests queues here,
 # beside the event loop (/health, streams) and the engine thread rather than in their way.
+MAX_WARNED_FIELDS = 256  # unknown request field names logged (once each)
 INTAKE_THREADS = 4
 
 
@@ -147,6 +148,16 @@ def build_app(
                 check_context(len(lane.prompt_ids), lane.params.max_tokens, engine.context_len)
         return lanes
 
+    warned: set[str] = set()
+
+    def warn_unknown(names: tuple[str, ...]) -> None:
+        """Once per field name, as vLLM warns; a bounded number of names (they come from
+        clients)."""
+        for name in names:
+            if name not in warned and len(warned) < MAX_WARNED_FIELDS:
+                warned.add(name)
+                log.warning("request field %r is not known to lanes and was ignored", name[:80])
+
     async def handle(request: Request, chat: bool) -> Response:
         try:
             salt = check_key(request)
@@ -161,6 +172,7 @@ def build_app(
                 )
             native = takes_tools(engine.tokenizer.chat_template)
             parsed = parse_request(body, chat, engine.context_len, native, max_logprobs)
+            warn_unknown(parsed.unknown_fields)
             lanes = await off_loop(lanes_for, parsed, chat, salt)
             handles = runner.submit_lanes(lanes)  # all at once: cancelled together, too
         except ApiError as e:

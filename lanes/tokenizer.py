@@ -83,6 +83,7 @@ class Tokenizer:
         messages: list[dict],
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
     ) -> str:
         return render_chat(
             self.chat_template,
@@ -91,13 +92,18 @@ class Tokenizer:
             eos_token=self.eos_token or "",
             add_generation_prompt=add_generation_prompt,
             tools=tools,
+            template_kwargs=template_kwargs,
         )
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:
         # The rendered template already holds its special tokens (BOS included, where it has one).
-        return self.encode(
-            self.apply_chat_template(messages, tools=tools), add_special_tokens=False
-        )
+        text = self.apply_chat_template(messages, tools=tools, template_kwargs=template_kwargs)
+        return self.encode(text, add_special_tokens=False)
 
     def save(self, directory: Path) -> list[Path]:
         """Write tokenizer.json and tokenizer_config.json (chat template, BOS/EOS) as an HF

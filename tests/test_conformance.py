@@ -231,6 +231,77 @@ def check_logit_bias(c, ac):
         complete(c, logit_bias={"42": 101})
 
 
+def _tokens(c, text: str) -> list[int]:
+    """The server's token ids of a text (its /tokenize, no special tokens)."""
+    import json
+    import urllib.request
+
+    url = str(c.base_url).removesuffix("/").removesuffix("/v1") + "/tokenize"
+    body = json.dumps({"prompt": text, "add_special_tokens": False}).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())["tokens"]
+
+
+def check_stop_token_ids(c, ac):
+    forced = {"logit_bias": {"42": 100}}  # every token is 42
+    out = complete(c, max_tokens=6, extra_body={**FREE, **forced, "stop_token_ids": [42]})
+    assert (out.choices[0].finish_reason, out.usage.completion_tokens) == ("stop", 1)
+
+
+def check_include_stop_str_in_output(c, ac):
+    text = complete(c, temperature=0, max_tokens=12, extra_body=FREE).choices[0].text
+    word = re.findall(r"[A-Za-z]{2,}", text[2:])[0]
+    body = {**FREE, "include_stop_str_in_output": True}
+    out = complete(c, temperature=0, max_tokens=12, stop=[word], extra_body=body).choices[0]
+    assert out.finish_reason == "stop" and out.text == text[: text.index(word) + len(word)]
+
+
+def check_allowed_token_ids(c, ac):
+    only = complete(c, max_tokens=5, temperature=0.9, seed=3,
+                    extra_body={**FREE, "allowed_token_ids": [42]})  # fmt: skip
+    forced = complete(
+        c, max_tokens=5, temperature=0, extra_body={**FREE, "logit_bias": {"42": 100}}
+    )
+    assert only.choices[0].text == forced.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        complete(c, extra_body={"allowed_token_ids": [10**9]})
+
+
+def check_bad_words(c, ac):
+    free = complete(c, temperature=0, max_tokens=12, extra_body=FREE).choices[0].text
+    word = re.findall(r"[A-Za-z]{2,}", free)[0]
+    for draft in (True, False):
+        body = {**FREE, "bad_words": [word], "draft": draft}
+        text = complete(c, temperature=0, max_tokens=12, extra_body=body).choices[0].text
+        ids = _tokens(c, text)
+        for banned in (_tokens(c, word), _tokens(c, " " + word)):
+            n = len(banned)
+            assert all(ids[i : i + n] != banned for i in range(len(ids))), (word, text)
+        assert text != free
+    with pytest.raises(openai.BadRequestError, match="bad_words"):
+        complete(c, extra_body={"bad_words": "one"})
+
+
+def check_truncate_prompt_tokens(c, ac):
+    ids = _tokens(c, REPEATS)
+    cut = complete(c, temperature=0, extra_body={**FREE, "truncate_prompt_tokens": 5})
+    tail = complete(c, temperature=0, prompt=ids[-5:], extra_body=FREE)
+    assert cut.usage.prompt_tokens == 5 and cut.choices[0].text == tail.choices[0].text
+
+
+def check_chat_template_kwargs(c, ac):
+    # the tiny model's template reads no extra names: they are passed and change nothing here
+    # (tests/test_vllm_fields.py renders one that reads enable_thinking)
+    plain = chat(c, temperature=0, extra_body=FREE).choices[0].message.content
+    kw = chat(
+        c, temperature=0, extra_body={**FREE, "chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert kw.choices[0].message.content == plain
+    with pytest.raises(openai.BadRequestError, match="chat_template_kwargs"):
+        chat(c, extra_body={"chat_template_kwargs": {"messages": []}})
+
+
 CHECKS = {name.removeprefix("check_").replace("stream_options_include_usage",
           "stream_options.include_usage"): f
           for name, f in dict(globals()).items() if name.startswith("check_")}  # fmt: skip

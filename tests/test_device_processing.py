@@ -58,14 +58,18 @@ def _counted(engine, monkeypatch) -> dict[str, int]:
 def test_a_row_processed_in_a_batch_has_its_bits_alone():
     gen = torch.Generator().manual_seed(2)
     vocab = 96
-    logits = torch.randn((4, vocab), generator=gen) * 3
+    logits = torch.randn((6, vocab), generator=gen) * 3
     allowed = torch.rand(vocab, generator=gen) > 0.5
     rows = [
         RowContext(SamplingParams(**PENALTIES, **SEEDED), [1, 2, 3], [7, 7, 9], frozenset({0})),
         RowContext(SamplingParams(), [4], [], frozenset(), allowed),
         RowContext(SamplingParams(repetition_penalty=0.7), [5, 6], [6, 8], frozenset({2})),
         RowContext(SamplingParams(min_tokens=2, logit_bias=((3, -1.5),)), [], [1], frozenset({3})),
-    ]
+        RowContext(SamplingParams(allowed_token_ids=(1, 5, 90), min_p=0.1, **SEEDED), [], [],
+                   frozenset()),
+        RowContext(SamplingParams(bad_words_ids=((4,), (8, 9), (7, 8, 2))), [], [7, 8],
+                   frozenset()),
+    ]  # fmt: skip
     batched = process_rows(logits, rows)
     for i, r in enumerate(rows):
         row = logits[i].clone()
@@ -78,8 +82,12 @@ def test_a_row_processed_in_a_batch_has_its_bits_alone():
 
 @pytest.mark.parametrize(
     "fields",
-    [dict(grammar=REGEX), dict(**PENALTIES, **SEEDED)],
-    ids=["grammar-greedy", "penalties-seeded"],
+    [
+        dict(grammar=REGEX),
+        dict(**PENALTIES, **SEEDED),
+        dict(allowed_token_ids=tuple(range(3, 60)), bad_words_ids=((9,), (12, 13)), **SEEDED),
+    ],
+    ids=["grammar-greedy", "penalties-seeded", "bans-seeded"],
 )
 def test_drafted_equals_undrafted_batched_on_the_device(tiny_models, monkeypatch, fields):
     engine = _engine(tiny_models, num_draft_tokens=3, adaptive_drafts=False)
