@@ -24,6 +24,8 @@ the same, `alive` turns False (the server's /health says 503) and every waiting 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -142,6 +144,18 @@ class AsyncEngine:
         """Validate and tokenize requests (any thread; raises RequestError for bad input)."""
         return [self.engine.make_lane(p, params, salt) for p, params, salt in prompts]
 
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """fn(engine) on the engine thread, between two rounds (prompt scoring): its result, or
+        its exception raised here."""
+        if not self.alive:
+            raise ShuttingDown("the server is shutting down" if self._stopping else "engine down")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", fn, future))
+        if self._crashed:  # died after the check above: nobody would run it
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(EngineFailure("the engine stopped"))
+        return await asyncio.wrap_future(future)
+
     def submit_lanes(self, lanes: list[Lane]) -> list[RequestHandle]:
         """Queue lanes made by make_lanes, all at once; on the event loop's thread."""
         if not self.alive:
@@ -251,6 +265,13 @@ class AsyncEngine:
                 hold = max((len(s) for s in lane.params.stop), default=1) - 1
                 self._tracked[lane.request_id] = _Tracked(lane, post, hold=hold)
                 self.engine.enqueue(lane)
+        elif kind == "call":
+            fn, future = command[1], command[2]
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self.engine))
+                except Exception as e:  # the caller's request fails, not the engine
+                    future.set_exception(e)
         elif kind == "stop":
             self._stopping = True
             self._cancel_everything = True
@@ -295,6 +316,9 @@ class AsyncEngine:
             if command[0] == "submit":
                 for _, post in command[1]:
                     post(Failed(error))
+            elif command[0] == "call":
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    command[2].set_exception(error)
 
     def _publish_snapshot(self, check: bool) -> None:
         """Publish what /metrics and /debug/kv read; the integrity check at most every

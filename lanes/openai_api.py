@@ -1,4 +1,4 @@
-"""OpenAI request fields -> lanes requests, and lanes results -> OpenAI response objects."""
+"""OpenAI request fields -> lanes requests (the response objects' fields: lanes/response_fields.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ MAX_STOP_CHARS = 256
 MAX_JSON_DEPTH = 32
 MAX_SALT_CHARS = 1024
 MAX_TEMPERATURE = 2.0
-# A logprob of -inf (a token outside top-k / top-p) is not JSON; OpenAI reports such a floor.
-LOGPROB_FLOOR = -9999.0
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -51,7 +49,6 @@ _UNSUPPORTED = {
     "functions": None,
     "best_of": None,
     "suffix": None,
-    "echo": False,
 }
 _GRAMMAR_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
                    "guided_choice", "guided_grammar")  # fmt: skip
@@ -69,6 +66,9 @@ class ParsedRequest:
     max_tokens_given: bool = True  # False: generate up to the context
     tools: Tools | None = None  # chat: the functions the model may call
     unknown_fields: tuple[str, ...] = ()  # field names lanes does not know (logged once each)
+    echo: bool = False  # completions: the prompt (and its logprobs) before each choice's text
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and N best
+    generate: bool = True  # False: echo with max_tokens 0, the prompt alone
 
 
 def decode_body(raw: bytes) -> dict:
@@ -204,8 +204,15 @@ def parse_request(
         if max_tokens is None:
             max_tokens = _get(body, "max_tokens", int, 16)
         logprobs = _get(body, "logprobs", int)
-    if max_tokens is not None and max_tokens < 1:
+    echo = False if chat else _get(body, "echo", bool, False)
+    if chat and body.get("echo") not in (None, False):
+        raise ApiError("'echo' is for completions", "echo")
+    generate = not (echo and max_tokens == 0)  # echo alone: the prompt's logprobs, no tokens
+    if max_tokens is not None and max_tokens < 1 and generate:
         raise ApiError(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
+    prompt_logprobs = _get(body, "prompt_logprobs", int)
+    if prompt_logprobs is not None and not 0 <= prompt_logprobs <= max_logprobs:
+        raise ApiError(f"'prompt_logprobs' must be in [0, {max_logprobs}]", "prompt_logprobs")
     if logprobs is not None and not 0 <= logprobs <= max_logprobs:
         raise ApiError(f"logprobs / top_logprobs must be in [0, {max_logprobs}]", "logprobs")
     temperature = _get(body, "temperature", float, 1.0)
@@ -228,7 +235,7 @@ def parse_request(
     try:
         base = SamplingParams(
             # unset: up to the context (the engine stops there)
-            max_tokens=max_tokens if max_tokens is not None else context_len,
+            max_tokens=(max_tokens or 1) if max_tokens is not None else context_len,
             temperature=temperature,
             top_p=_get(body, "top_p", float, 1.0),
             top_k=max(0, top_k),
@@ -260,6 +267,9 @@ def parse_request(
         max_tokens_given=max_tokens is not None,
         tools=tools if tools is not None and tools.active else None,
         unknown_fields=tuple(unknown_fields(body)),
+        echo=echo,
+        prompt_logprobs=prompt_logprobs,
+        generate=generate,
     )
 
 
@@ -432,11 +442,6 @@ def _with_seed(p: SamplingParams, seed: int) -> SamplingParams:
     return dataclasses.replace(p, seed=seed % 2**63)
 
 
-def _finite(logprob: float) -> float:
-    """-inf (and NaN) as OpenAI's floor, so every logprob is a JSON number."""
-    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
-
-
 def _text_content(content: Any, i: int) -> str:
     if isinstance(content, str):
         return content
@@ -465,54 +470,3 @@ def _prompts(prompt: Any) -> list[Any]:
 
 def _is_id(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
-
-
-def usage(prompt_tokens: int, completions: list, cached: int) -> dict:
-    generated = sum(len(c.token_ids) for c in completions)
-    accepted = sum(c.num_accepted for c in completions)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": generated,
-        "total_tokens": prompt_tokens + generated,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": sum(c.num_drafted for c in completions) - accepted,
-        },
-    }
-
-
-def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], top: list) -> dict:
-    def entry(tid: int, lp: float) -> dict:
-        text = tokenizer.decode([tid], skip_special_tokens=False)
-        return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode())}
-
-    content = []
-    for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
-        item = entry(tid, lp)
-        item["top_logprobs"] = [entry(t, v) for t, v in top[i]] if i < len(top) else []
-        content.append(item)
-    return {"content": content}
-
-
-def completion_logprobs(
-    tokenizer, token_ids: list[int], logprobs: list[float], top: list, start: int = 0
-) -> dict:
-    """Completions-style logprobs; text_offset counts from `start`, the characters of the
-    choice's tokens before these (a stream's earlier chunks)."""
-    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
-    offsets, pos = [], start
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [_finite(lp) for lp in logprobs],
-        "top_logprobs": [
-            {tokenizer.decode([t], skip_special_tokens=False): _finite(v) for t, v in top[i]}
-            if i < len(top)
-            else {}
-            for i in range(len(tokens))
-        ],
-        "text_offset": offsets,
-    }

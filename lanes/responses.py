@@ -16,12 +16,14 @@ from starlette.responses import JSONResponse, Response
 
 from lanes import __version__
 from lanes.async_engine import Aborted, Delta, Failed, Finished, RequestHandle, ShuttingDown
-from lanes.openai_api import (
-    ApiError,
-    ParsedRequest,
+from lanes.openai_api import ApiError, ParsedRequest
+from lanes.prompt_scores import PromptScores
+from lanes.response_fields import (
     chat_logprobs,
     completion_logprobs,
+    echo_logprobs,
     usage,
+    vllm_prompt_logprobs,
 )
 from lanes.server_metrics import finish_reason
 from lanes.tools import ToolCallStream
@@ -47,8 +49,11 @@ class RequestContext:
         fingerprint,
         log_requests: bool = False,
         report_cached_tokens: bool = False,
+        scores: list[PromptScores] | None = None,
     ):
+        """scores: each prompt's logprobs, for echo and prompt_logprobs (lanes/prompt_scores.py)."""
         self.chat, self.parsed, self.handles = chat, parsed, handles
+        self.scores = scores
         self.model, self.tokenizer, self.metrics = model_name, tokenizer, metrics
         self.log_requests = log_requests
         self.report_cached_tokens = report_cached_tokens
@@ -141,12 +146,36 @@ class RequestContext:
             out["prompt_tokens_details"] = None
         return out
 
+    def _prompt_of(self, i: int) -> tuple[str, PromptScores]:
+        """Choice i's prompt: its text as sent (decoded where it came as token ids), scores."""
+        k = i // len(self.parsed.params)
+        prompt, scores = self.parsed.prompts[k], self.scores[k]
+        as_sent = isinstance(prompt, str) and self.parsed.params[0].truncate_prompt_tokens is None
+        text = prompt if as_sent else self.tokenizer.decode(scores.token_ids)
+        return text, scores
+
+    def _echo(self, i: int) -> tuple[str, dict | None]:
+        """An echoed choice's prompt part: its text and logprobs; the choice's own text and
+        logprobs go on after them (text offsets too)."""
+        text, scores = self._prompt_of(i)
+        if self.parsed.logprobs is None:
+            return text, None
+        lp = echo_logprobs(self.tokenizer, scores, with_top=bool(self.parsed.logprobs))
+        self._text_offsets[i] = sum(len(t) for t in lp["tokens"])
+        return text, lp
+
+    def _extras(self, i: int) -> dict:
+        """vLLM's prompt_logprobs of choice i's prompt, where asked."""
+        if self.parsed.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, self._prompt_of(i)[1])}
+
     def _logprobs(self, i: int, token_ids, logprobs, top, streamed: bool = False) -> dict | None:
         if self.parsed.logprobs is None:
             return None
         if self.chat:
             return chat_logprobs(self.tokenizer, token_ids, logprobs, top)
-        start = self._text_offsets.get(i, 0) if streamed else 0
+        start = self._text_offsets.get(i, 0) if streamed or self.parsed.echo else 0
         out = completion_logprobs(self.tokenizer, token_ids, logprobs, top, start)
         if streamed:  # the next chunk's offsets go on from here
             self._text_offsets[i] = start + sum(len(t) for t in out["tokens"])
@@ -177,16 +206,19 @@ class RequestContext:
         choices = []
         for i in sorted(completions):
             c = completions[i]
+            prompt_text, prompt_lp = self._echo(i) if self.parsed.echo else ("", None)
             lp = self._logprobs(i, c.token_ids, c.logprobs, c.top_logprobs)
+            if prompt_lp is not None:
+                lp = {key: prompt_lp[key] + lp[key] for key in lp}
             if self.chat:
                 message, reason = self._message(c)
                 choices.append(
                     {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
                 )
             else:
-                choices.append(
-                    {"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish_reason(c)}
-                )
+                text, reason = prompt_text + c.text, finish_reason(c)
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason,
+                                **self._extras(i)})  # fmt: skip
         body = {
             "id": self.id,
             "object": self.object,
@@ -195,6 +227,27 @@ class RequestContext:
             "system_fingerprint": self.fingerprint,
             "choices": choices,
             "usage": self._finish(completions),
+        }
+        if self.chat and self.parsed.prompt_logprobs is not None:  # vLLM: the response's
+            body["prompt_logprobs"] = self._extras(0)["prompt_logprobs"]
+        return JSONResponse(body)
+
+    def prompt_only(self) -> Response:
+        """echo with max_tokens 0: each choice is its prompt, no tokens generated."""
+        choices = []
+        for i in range(len(self.parsed.prompts) * len(self.parsed.params)):
+            text, lp = self._echo(i)
+            choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": "length",
+                            **self._extras(i)})  # fmt: skip
+        prompt_tokens = sum(len(s.token_ids) for s in self.scores)
+        body = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+            "usage": usage(prompt_tokens, [], 0) | {"prompt_tokens_details": None},
         }
         return JSONResponse(body)
 
@@ -258,6 +311,11 @@ class RequestContext:
                     for i in range(len(self.handles))
                 ]
             )
+        elif self.parsed.echo or self.parsed.prompt_logprobs is not None:
+            for i in range(len(self.handles)):  # the prompt first, as vLLM streams it
+                text, lp = self._echo(i) if self.parsed.echo else ("", None)
+                first = {"index": i, "text": text, "logprobs": lp, "finish_reason": None}
+                yield self._chunk([{**first, **self._extras(i)}])
         tools = self.parsed.tools  # with tools: the <tool_call> blocks become tool_calls
         streams = {i: ToolCallStream(tools) for i in range(len(self.handles))} if tools else {}
         async for i, event in self._events():

@@ -34,6 +34,7 @@ from lanes.openai_api import (
     parse_request,
     refuse_control_tokens,
 )
+from lanes.prompt_scores import score_prompts
 from lanes.responses import RequestContext, error_response
 from lanes.server_metrics import ServerMetrics
 from lanes.utility_api import detokenize, model_card, tokenize, version
@@ -174,7 +175,13 @@ def build_app(
             parsed = parse_request(body, chat, engine.context_len, native, max_logprobs)
             warn_unknown(parsed.unknown_fields)
             lanes = await off_loop(lanes_for, parsed, chat, salt)
-            handles = runner.submit_lanes(lanes)  # all at once: cancelled together, too
+            scores = None
+            if parsed.echo or parsed.prompt_logprobs is not None:  # one forward per prompt
+                n = len(parsed.params)
+                ids = [lanes[k * n].prompt_ids for k in range(len(parsed.prompts))]
+                top = max(parsed.logprobs or 0, parsed.prompt_logprobs or 0)
+                scores = await runner.call(lambda e: score_prompts(e, ids, top))
+            handles = runner.submit_lanes(lanes) if parsed.generate else []
         except ApiError as e:
             return error_response(e)
         except ValueError as e:  # RequestError, chat template errors: this request's input
@@ -195,7 +202,10 @@ def build_app(
             engine.fingerprint,
             log_requests,
             report_cached_tokens,
+            scores,
         )
+        if not parsed.generate:
+            return ctx.prompt_only()
         if parsed.stream:
             return StreamingResponse(ctx.sse(), media_type="text/event-stream")
         return await ctx.whole(request)

@@ -69,6 +69,7 @@ KNOWN_FIELDS = frozenset(
         "store",
         "service_tier",
         "request_id",
+        "prompt_logprobs",
     ]
 )
 # Fields that would change the chat template's input, not extra variables for it.

@@ -302,6 +302,27 @@ def check_chat_template_kwargs(c, ac):
         chat(c, extra_body={"chat_template_kwargs": {"messages": []}})
 
 
+def check_echo(c, ac):
+    out = complete(c, temperature=0, logprobs=1, echo=True, extra_body=FREE).choices[0]
+    plain = complete(c, temperature=0, logprobs=1, extra_body=FREE).choices[0]
+    assert out.text == REPEATS + plain.text
+    lp = out.logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[-8:] == plain.logprobs.token_logprobs
+    only = complete(c, max_tokens=0, echo=True)
+    assert (only.choices[0].text, only.usage.completion_tokens) == (REPEATS, 0)
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        chat(c, extra_body={"echo": True})
+
+
+def check_prompt_logprobs(c, ac):
+    out = chat(c, max_tokens=1, extra_body={"prompt_logprobs": 1}).model_dump()
+    scored = out["prompt_logprobs"]
+    assert scored[0] is None and all(min(v["rank"] for v in e.values()) == 1 for e in scored[1:])
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        complete(c, extra_body={"prompt_logprobs": 21})
+
+
 CHECKS = {name.removeprefix("check_").replace("stream_options_include_usage",
           "stream_options.include_usage"): f
           for name, f in dict(globals()).items() if name.startswith("check_")}  # fmt: skip

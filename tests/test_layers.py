@@ -24,7 +24,8 @@ LAYERS = [
     ("api", ["lanes", "lanes.cli", "lanes.serve_options", "lanes.server", "lanes.openai_api",
              "lanes.async_engine", "lanes.drafter.distill", "lanes.utility_api",
              "lanes.server_metrics", "lanes.tools", "lanes.http_protocol", "lanes.responses",
-             "lanes.serve_command", "lanes.vllm_flags"]),
+             "lanes.serve_command", "lanes.vllm_flags", "lanes.vllm_fields", "lanes.prompt_scores",
+             "lanes.response_fields"]),
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine"]),  # the thin loop
     ("engine: rounds in a step's place", ["lanes.overlap", "lanes.device_round_driver"]),

@@ -107,3 +107,39 @@ def test_an_unknown_field_is_logged_once(llama_dir, caplog):
                                  extra_body={"frobnicate": 1, "stop_token_ids": [5]})  # fmt: skip
     said = [r.getMessage() for r in caplog.records if "frobnicate" in r.getMessage()]
     assert said == ["request field 'frobnicate' is not known to lanes and was ignored"]
+
+
+def test_echoed_prompt_logprobs_are_the_logprobs_decoding_gives(llama_dir):
+    """The logprob echo reports for a prompt token equals the one the engine gave that token when
+    it generated it (prefill and decode give a position the same bits), drafted or not."""
+    engine = build_engine(str(llama_dir))
+    ids = engine.encode(PROMPTS[0])
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    drafted, plain = drafted_and_plain(engine, [ids], params)
+    with LiveServer(engine) as live:
+        c = live.client()
+        full = ids + plain[0].token_ids
+        out = c.completions.create(model="tiny", prompt=full, max_tokens=0, logprobs=1, echo=True)
+        whole = c.completions.create(model="tiny", prompt=ids, max_tokens=5, logprobs=1, temperature=0,
+                                     echo=True, extra_body={"ignore_eos": True})  # fmt: skip
+    echoed = out.choices[0].logprobs.token_logprobs
+    assert echoed[0] is None and len(echoed) == len(full)
+    assert echoed[len(ids) :] == plain[0].logprobs == drafted[0].logprobs
+    assert out.usage.completion_tokens == 0 and out.choices[0].finish_reason == "length"
+    assert whole.choices[0].logprobs.token_logprobs == echoed  # the prompt, then the tokens
+    assert whole.choices[0].text == out.choices[0].text
+
+
+def test_prompt_logprobs_rank_and_name_each_prompt_token(llama_dir):
+    engine = build_engine(str(llama_dir))
+    with LiveServer(engine) as live:
+        out = live.client().completions.create(
+            model="tiny", prompt="hello there", max_tokens=1, extra_body={"prompt_logprobs": 2}
+        )
+    scored = out.model_dump()["choices"][0]["prompt_logprobs"]
+    ids = engine.encode("hello there")
+    assert scored[0] is None and len(scored) == len(ids)
+    for pos, entry in enumerate(scored[1:], start=1):
+        assert str(ids[pos]) in entry  # the prompt's own token, with its rank
+        best = [v for v in entry.values() if v["rank"] == 1]
+        assert best and all(v["logprob"] <= best[0]["logprob"] for v in entry.values())
