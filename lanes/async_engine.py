@@ -383,6 +383,8 @@ def engine_report(engine: Engine, integrity: str) -> dict:
         "accepted_draft_tokens": m.num_accepted,
         "drafted_at": list(m.drafted_at),
         "accepted_at": list(m.accepted_at),
+        "round_tokens": list(m.round_tokens),  # a histogram: counts per ROUND_TOKEN_BUCKETS
+        "round_tokens_sum": m.prefill_tokens + m.decode_tokens,
         **_recurrent_report(engine),
     }
 
@@ -393,7 +395,7 @@ def _recurrent_report(engine: Engine) -> dict:
         return {}
     pool, snaps = engine.recurrent.pool, engine.recurrent.snapshots
     return {
-        "state_slots_total": pool.num_slots,
+        "state_slots_capacity": pool.num_slots,
         "state_slots_used": pool.num_slots - pool.num_free,
         "state_bytes": pool.nbytes,
         "state_snapshots": len(snaps),

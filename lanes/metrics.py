@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -22,6 +23,10 @@ def add_counts(total: list[int], more: list[int]) -> None:
     total.extend([0] * (len(more) - len(total)))
     for j, n in enumerate(more):
         total[j] += n
+
+
+# upper bounds of the tokens-per-round buckets (vLLM's iteration_tokens_total reports the same)
+ROUND_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass
@@ -45,6 +50,8 @@ class EngineMetrics:
     accepted_at: list[int] = field(default_factory=list)
     drafter_seconds: float = 0.0  # proposing and the drafter's own prefill, within rounds
     achieved_prefill_share: float | None = None  # over rounds where both kinds of work ran
+    # tokens per round, as a histogram: counts per bucket of ROUND_TOKEN_BUCKETS (the last: more)
+    round_tokens: list[int] = field(default_factory=lambda: [0] * (len(ROUND_TOKEN_BUCKETS) + 1))
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -66,6 +73,8 @@ class EngineMetrics:
         self.prefill_tokens += record.prefill_tokens
         self.decode_tokens += record.decode_tokens
         self.busy_seconds += record.seconds
+        tokens = record.prefill_tokens + record.decode_tokens
+        self.round_tokens[bisect.bisect_left(ROUND_TOKEN_BUCKETS, tokens)] += 1
 
 
 def peak_memory_bytes(device: str) -> int:

@@ -77,7 +77,17 @@ def build_app(
     model_name = names[0]
     served = ", ".join(repr(n) for n in names)
     runner = AsyncEngine(engine, log_stats=log_stats)
-    metrics = ServerMetrics(model_name)
+    cfg = engine.config
+    metrics = ServerMetrics(
+        model_name,
+        cache_info={
+            "block_size": cfg.block_size,
+            "num_gpu_blocks": engine.pool.num_blocks,
+            "cache_dtype": cfg.torch_dtype_name,
+            "enable_prefix_caching": cfg.prompt_cache_bytes > 0,
+            "prompt_cache_bytes": cfg.prompt_cache_bytes,
+        },
+    )
     control_tokens = [] if allow_special_tokens else engine.tokenizer.control_tokens
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     intake = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="lanes-intake")
@@ -182,6 +192,8 @@ def build_app(
                 top = max(parsed.logprobs or 0, parsed.prompt_logprobs or 0)
                 scores = await runner.call(lambda e: score_prompts(e, ids, top))
             handles = runner.submit_lanes(lanes) if parsed.generate else []
+            for _ in parsed.prompts if parsed.generate else ():
+                metrics.observe_request(len(parsed.params), parsed.params[0].max_tokens)
         except ApiError as e:
             return error_response(e)
         except ValueError as e:  # RequestError, chat template errors: this request's input
@@ -276,7 +288,7 @@ def build_app(
         g["active_lanes"].set(report["active_lanes"])
         g["waiting_lanes"].set(report["waiting_lanes"])
         g["kv_blocks_used"].set(report["blocks_total"] - report["blocks_free"])
-        g["kv_blocks_total"].set(report["blocks_total"])
+        g["kv_blocks_capacity"].set(report["blocks_total"])
         g["kv_integrity_ok"].set(1.0 if report["integrity"] == "ok" else 0.0)
         g["peak_memory_bytes"].set(report["peak_memory_bytes"])
         g["engine_alive"].set(1.0 if runner.alive else 0.0)

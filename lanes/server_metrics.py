@@ -12,8 +12,18 @@ position); for hybrid models, the recurrent-state slots and snapshots (`lanes_st
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from lanes.metrics import ROUND_TOKEN_BUCKETS
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
@@ -22,7 +32,7 @@ _LENGTH_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 655
 
 # hybrid models' recurrent state beside the KV (the engine report's keys)
 _STATE_SERIES = {
-    "state_slots_total": "Recurrent-state slots (one per lane that can run)",
+    "state_slots_capacity": "Recurrent-state slots (one per lane that can run)",
     "state_slots_used": "Recurrent-state slots held by lanes",
     "state_bytes": "Bytes of the recurrent-state slots",
     "state_snapshots": "Recurrent-state snapshots kept for cached prefixes",
@@ -38,8 +48,9 @@ def finish_reason(completion) -> str:
 class _EngineReport:
     """Series read from the engine thread's latest report, built at each scrape."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, cache_info: dict | None = None) -> None:
         self.model_name = model_name
+        self.cache_info = cache_info or {}
         self.report: dict = {}
 
     def collect(self):
@@ -97,6 +108,23 @@ class _EngineReport:
             rate.add_metric([self.model_name, str(j)], k / n if n else 0.0)
         yield per_pos
         yield rate
+        if "round_tokens" in r:  # vLLM's tokens per engine step; lanes': per round
+            counts, cumulative, buckets = r["round_tokens"], 0, []
+            for bound, n in zip((*ROUND_TOKEN_BUCKETS, float("inf")), counts, strict=True):
+                cumulative += n
+                buckets.append(("+Inf" if bound == float("inf") else str(float(bound)), cumulative))
+            h = HistogramMetricFamily(
+                "vllm:iteration_tokens_total", "Tokens per round", labels=["model_name"]
+            )
+            h.add_metric(labels, buckets, r["round_tokens_sum"])
+            yield h
+        if self.cache_info:
+            info = GaugeMetricFamily(
+                "vllm:cache_config_info", "The KV cache's configuration",
+                labels=sorted(self.cache_info),
+            )  # fmt: skip
+            info.add_metric([str(self.cache_info[k]) for k in sorted(self.cache_info)], 1.0)
+            yield info
         for key, doc in _STATE_SERIES.items():  # hybrid models only
             if key in r:
                 g = GaugeMetricFamily(f"lanes_{key}", doc)
@@ -107,8 +135,12 @@ class _EngineReport:
 class ServerMetrics:
     """Prometheus series, in a registry of the app's own."""
 
-    def __init__(self, model_name: str = "lanes") -> None:
+    def __init__(self, model_name: str = "lanes", cache_info: dict | None = None) -> None:
         r = self.registry = CollectorRegistry()
+        # the process series vLLM's registry carries: CPU, memory, open files, GC, Python
+        ProcessCollector(registry=r)
+        r.register(PLATFORM_COLLECTOR)
+        r.register(GC_COLLECTOR)
         self.requests = Counter(
             "lanes_requests", "Finished requests", ["finish_reason"], registry=r
         )
@@ -138,7 +170,7 @@ class ServerMetrics:
                 "active_lanes": "Lanes in FILL or DECODE",
                 "waiting_lanes": "Requests queued for a lane",
                 "kv_blocks_used": "KV blocks in use (lanes and prompt cache)",
-                "kv_blocks_total": "KV blocks in the pool",
+                "kv_blocks_capacity": "KV blocks in the pool",
                 "kv_integrity_ok": "1 if the block bookkeeping checks out",
                 "peak_memory_bytes": "Peak GPU memory allocated (CUDA), else peak resident set",
                 "engine_alive": "1 while the engine thread runs rounds",
@@ -146,7 +178,7 @@ class ServerMetrics:
         }
         self.model_name = model_name
         self._vllm_histograms(r)
-        self.engine_report = _EngineReport(model_name)
+        self.engine_report = _EngineReport(model_name, cache_info)
         r.register(self.engine_report)
 
     def _vllm_histograms(self, r: CollectorRegistry) -> None:
@@ -163,7 +195,23 @@ class ServerMetrics:
                 "vllm:request_decode_time_seconds", "First to last token", _REQUEST_BUCKETS
             ),
             "ttft": hist("vllm:time_to_first_token_seconds", "TTFT", _LATENCY_BUCKETS),
+            # between two tokens of a request (vLLM's V1 name; the older one kept beside it)
+            "itl": hist("vllm:inter_token_latency_seconds", "Between tokens", _LATENCY_BUCKETS),
             "tpot": hist("vllm:time_per_output_token_seconds", "Between tokens", _LATENCY_BUCKETS),
+            "request_tpot": hist(
+                "vllm:request_time_per_output_token_seconds",
+                "A request's decode time per token after the first",
+                _LATENCY_BUCKETS,
+            ),
+            "max_tokens_asked": hist(
+                "vllm:request_max_num_generation_tokens",
+                "The most tokens a request could generate (its max_tokens)",
+                _LENGTH_BUCKETS,
+            ),
+            "params_max_tokens": hist(
+                "vllm:request_params_max_tokens", "max_tokens of requests", _LENGTH_BUCKETS
+            ),
+            "params_n": hist("vllm:request_params_n", "n of requests", (1, 2, 4, 8, 16, 32, 64)),
             "prompt_len": hist("vllm:request_prompt_tokens", "Prompt tokens", _LENGTH_BUCKETS),
             "output_len": hist(
                 "vllm:request_generation_tokens", "Generated tokens", _LENGTH_BUCKETS
@@ -213,3 +261,13 @@ class ServerMetrics:
             v["prefill"].labels(m).observe(times[0] - scheduled)
         for a, b in zip(times, times[1:], strict=False):
             v["tpot"].labels(m).observe(b - a)
+            v["itl"].labels(m).observe(b - a)
+        if len(times) > 1:
+            v["request_tpot"].labels(m).observe((times[-1] - times[0]) / (len(times) - 1))
+
+    def observe_request(self, n: int, max_tokens: int) -> None:
+        """A request as it was asked (once per request, not per choice)."""
+        m, v = self.model_name, self.vllm
+        v["params_n"].labels(m).observe(n)
+        v["params_max_tokens"].labels(m).observe(max_tokens)
+        v["max_tokens_asked"].labels(m).observe(max_tokens)

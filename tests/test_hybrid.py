@@ -352,7 +352,7 @@ def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
         kv = server.kv()
         assert kv["integrity"] == "ok" and kv["state_slots_used"] == 0 and kv["state_snapshots"] > 0
         metrics = server.get("/metrics")
-        assert f"lanes_state_slots_total {float(kv['state_slots_total'])}" in metrics
+        assert f"lanes_state_slots_capacity {float(kv['state_slots_capacity'])}" in metrics
         assert f"lanes_state_snapshot_bytes {float(kv['state_snapshot_bytes'])}" in metrics
         client = server.client()
         retry = client.completions.create(**kw, extra_body={"ignore_eos": True})
