@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import time
@@ -166,8 +167,36 @@ def _kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" for a mistyped flag (the command's own flags)."""
+
+    def error(self, message: str):
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            argv = getattr(self, "argv", None) or sys.argv[1:]
+            command = next((a for a in argv if not a.startswith("-")), "")
+            known = _options(self, command)
+            hints = []
+            for arg in unknown.split():
+                close = difflib.get_close_matches(arg.split("=")[0], known, n=1, cutoff=0.6)
+                hints += [f"{arg} (did you mean {close[0]}?)"] if close else [arg]
+            message = "unrecognized arguments: " + " ".join(hints)
+        super().error(message)
+
+
+def _options(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """The option strings of `command` (or of every command), for suggestions."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if not command or name == command or command not in action.choices:
+                    out += [o for a in sub._actions for o in a.option_strings]
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lanes", description="exact speculative LLM serving")
+    parser = _Parser(prog="lanes", description="exact speculative LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="complete one prompt and print the result")
@@ -429,7 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.argv = argv  # the command line, for "did you mean" (sys.argv where None)
+    args = parser.parse_args(argv)
     try:
         return args.run(args)
     except (_CliError, ValueError, OSError) as e:

@@ -94,8 +94,12 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.uvicorn_log_level,
         root_path=args.root_path or "",
     )
+    sock = _bind(args.host, args.port)  # before the model loads: a taken port fails at once
+    options["port"] = sock.getsockname()[1]  # --port 0: the one the system gave
     if args.tensor_parallel > 1:
         import functools
+
+        sock.close()  # rank 0 binds it again in its own process
 
         from lanes.build import run_tensor_parallel
 
@@ -110,10 +114,26 @@ def _serve(args: argparse.Namespace) -> int:
 
         tokenizer = _from_hub(args.tokenizer, args, "--tokenizer")
         checkpoint = with_tokenizer(model, tokenizer, keeps_gguf_packed(config))
-        serve(_off_the_main_thread(build_engine, checkpoint=checkpoint, config=config), **options)
+        engine = _off_the_main_thread(build_engine, checkpoint=checkpoint, config=config)
+        serve(engine, sock=sock, **options)
         return 0
-    serve(_off_the_main_thread(build_engine, model, config), **options)
+    serve(_off_the_main_thread(build_engine, model, config), sock=sock, **options)
     return 0
+
+
+def _bind(host: str, port: int):
+    """The server's listening socket, bound now: a port already taken is a one-line error
+    before a model is loaded, not after."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise _CliError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror})") from e
+    return sock
 
 
 def _from_hub(spec: str | None, args: argparse.Namespace, flag: str) -> str | None:
@@ -210,6 +230,7 @@ def serve_engine(
     log_stats: bool = True,
     log_level: str = "info",
     root_path: str = "",
+    sock=None,
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -264,7 +285,7 @@ def serve_engine(
             timeout_graceful_shutdown=5,
             http=HeaderDeadlineH11,  # a connection's headers within 30 s, or it is closed
         )
-    ).run()
+    ).run(sockets=None if sock is None else [sock])
 
 
 def _cuda() -> bool:

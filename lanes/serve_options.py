@@ -186,7 +186,8 @@ def positive_bytes(text: str) -> int:
 
 
 def port_number(text: str) -> int:
-    value = positive_int(text)
+    """A TCP port; 0: any free one (the log line says which)."""
+    value = 0 if text.strip() == "0" else positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
     return value

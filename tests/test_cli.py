@@ -246,3 +246,43 @@ def _without_everywhere(cfg):
     if isinstance(cfg.get("text_config"), dict):
         cfg["text_config"].pop("intermediate_size", None)
     return cfg
+
+
+def test_a_taken_port_is_an_error_before_the_model_loads(capsys, monkeypatch):
+    """Before: the port was found taken only once the model had loaded (52 s on the dev box)."""
+    import socket
+
+    import lanes.serve_command
+    from lanes.cli import main
+
+    loaded = []
+    monkeypatch.setattr(
+        lanes.serve_command, "_off_the_main_thread", lambda *a, **k: loaded.append(1)
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--device", "cpu", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen" in err and not loaded
+
+
+def test_a_mistyped_flag_gets_a_suggestion_and_help_is_quick(capsys):
+    import subprocess
+    import sys
+    import time
+
+    from lanes.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--prefil-share", "0.3"])
+    assert "--prefil-share (did you mean --prefill-share?)" in capsys.readouterr().err
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "lanes.cli", "--help"], capture_output=True)
+    assert run.returncode == 0 and time.perf_counter() - started < 1.0
+    probe = "import sys, lanes.cli; print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
+        == "False\n"
+    )

@@ -69,11 +69,13 @@ def test_vllm_spellings_parse():
 def test_serve_applies_the_flags(llama_dir, monkeypatch, tmp_path):
     served = {}
     monkeypatch.setattr(
-        lanes.serve_command, "serve_engine", lambda engine, **kw: served.update(engine=engine)
+        lanes.serve_command,
+        "serve_engine",
+        lambda engine, sock, **kw: sock.close() or served.update(engine=engine),
     )
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\\n{% endfor %}")
-    argv = ["serve", str(llama_dir), "--chat-template", str(template), "--seed", "3",
+    argv = ["serve", str(llama_dir), "--port", "0", "--chat-template", str(template), "--seed", "3",
             "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
             "--max-model-len", "128", "--gpu-memory-utilization", "0.5", "--device", "cpu",
             "--max-tokens-per-round", "512"]  # fmt: skip

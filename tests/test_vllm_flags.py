@@ -33,11 +33,14 @@ VLLM_LINE = [
 def test_a_vllm_launch_line_starts_lanes_serve(long_model_dir, monkeypatch, caplog):
     served = {}
     monkeypatch.setattr(
-        lanes.serve_command, "serve_engine", lambda engine, **kw: served.update(engine=engine, **kw)
+        lanes.serve_command,
+        "serve_engine",
+        lambda engine, sock, **kw: sock.close() or served.update(engine=engine, **kw),
     )
     monkeypatch.setenv("HF_TOKEN", "before")  # restored afterwards: --hf-token sets it
     with caplog.at_level(logging.WARNING, logger="lanes"):
-        assert lanes.cli.main(["serve", str(long_model_dir), "--device", "cpu", *VLLM_LINE]) == 0
+        argv = ["serve", str(long_model_dir), "--device", "cpu", "--port", "0", *VLLM_LINE]
+        assert lanes.cli.main(argv) == 0
     engine = served["engine"]
     cfg = engine.config
     # honoured: what vLLM does with them
@@ -61,8 +64,12 @@ def test_a_vllm_launch_line_starts_lanes_serve(long_model_dir, monkeypatch, capl
 
 def test_no_prefix_caching_turns_the_prompt_cache_off(llama_dir, monkeypatch):
     served = {}
-    monkeypatch.setattr(lanes.serve_command, "serve_engine", lambda e, **kw: served.update(e=e))
-    argv = ["serve", str(llama_dir), "--device", "cpu", "--no-enable-prefix-caching"]
+    monkeypatch.setattr(
+        lanes.serve_command,
+        "serve_engine",
+        lambda e, sock, **kw: sock.close() or served.update(e=e),
+    )
+    argv = ["serve", str(llama_dir), "--device", "cpu", "--no-enable-prefix-caching", "--port", "0"]
     assert lanes.cli.main(argv) == 0
     assert served["e"].config.prompt_cache_bytes == 0
 
