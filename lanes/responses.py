@@ -18,6 +18,7 @@ from lanes import __version__
 from lanes.async_engine import Aborted, Delta, Failed, Finished, RequestHandle, ShuttingDown
 from lanes.openai_api import ApiError, ParsedRequest
 from lanes.prompt_scores import PromptScores
+from lanes.reasoning import ReasoningStream, split_reasoning
 from lanes.response_fields import (
     chat_logprobs,
     completion_logprobs,
@@ -50,10 +51,14 @@ class RequestContext:
         log_requests: bool = False,
         report_cached_tokens: bool = False,
         scores: list[PromptScores] | None = None,
+        reasoning_inside: bool | None = None,
     ):
-        """scores: each prompt's logprobs, for echo and prompt_logprobs (lanes/prompt_scores.py)."""
+        """scores: each prompt's logprobs, for echo and prompt_logprobs (lanes/prompt_scores.py).
+        reasoning_inside: None, no reasoning parsing; else whether the prompt opened the
+        reasoning block (lanes/reasoning.py)."""
         self.chat, self.parsed, self.handles = chat, parsed, handles
         self.scores = scores
+        self.reasoning_inside = reasoning_inside
         self.model, self.tokenizer, self.metrics = model_name, tokenizer, metrics
         self.log_requests = log_requests
         self.report_cached_tokens = report_cached_tokens
@@ -255,14 +260,36 @@ class RequestContext:
         """A chat choice's message and finish_reason: with tools, the <tool_call> blocks of its
         text become tool_calls (finish_reason "tool_calls")."""
         reason = finish_reason(c)
+        reasoning, text = None, c.text
+        if self.reasoning_inside is not None:  # <think> ... </think> apart from the answer
+            reasoning, text = split_reasoning(c.text, self.reasoning_inside)
         tools = self.parsed.tools
-        content, calls = tools.parse(c.text) if tools is not None else (c.text, [])
+        content, calls = tools.parse(text) if tools is not None else (text, [])
+        message: dict = {"role": "assistant", "content": text if not calls else content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if not calls:
-            return {"role": "assistant", "content": c.text}, reason
-        return (
-            {"role": "assistant", "content": content, "tool_calls": calls},
-            "tool_calls" if reason == "stop" else reason,
-        )
+            return message, reason
+        return message | {"tool_calls": calls}, "tool_calls" if reason == "stop" else reason
+
+    def _chat_deltas(
+        self, i: int, reasoning: str, content: str, lp, streams: dict, parsed: bool
+    ) -> list[str]:
+        """The chunks of one streamed piece of a chat choice: its reasoning, then its content
+        (through the tool-call stream where there are tools). `parsed`: reasoning is being
+        parsed, so an empty piece makes no chunk."""
+        out = []
+        if reasoning:
+            delta = {"index": i, "delta": {"reasoning_content": reasoning}, "finish_reason": None}
+            out.append(self._chunk([delta | {"logprobs": None if content else lp}]))
+        if streams:
+            text, calls = streams[i].feed(content)
+            if text or calls:
+                out.append(self._tool_delta(i, text, calls))
+        elif content or not parsed:
+            delta = {"index": i, "delta": {"content": content}, "finish_reason": None}
+            out.append(self._chunk([delta | {"logprobs": lp}]))
+        return out
 
     def _tool_delta(self, i: int, content: str, calls: list) -> str:
         """A chunk of a chat with tools: content as it comes, tool_calls deltas (a call's
@@ -318,28 +345,30 @@ class RequestContext:
                 yield self._chunk([{**first, **self._extras(i)}])
         tools = self.parsed.tools  # with tools: the <tool_call> blocks become tool_calls
         streams = {i: ToolCallStream(tools) for i in range(len(self.handles))} if tools else {}
+        thinking = {}  # reasoning apart from the answer, per choice
+        if self.chat and self.reasoning_inside is not None:
+            thinking = {i: ReasoningStream(self.reasoning_inside) for i in range(len(self.handles))}
         async for i, event in self._events():
-            if isinstance(event, Delta) and streams:
-                content, calls = streams[i].feed(event.text)
-                if content or calls:
-                    yield self._tool_delta(i, content, calls)
-            elif isinstance(event, Delta):
-                lp = self._logprobs(
-                    i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
-                )
-                if self.chat:
-                    choice = {
-                        "index": i,
-                        "delta": {"content": event.text},
-                        "logprobs": lp,
-                        "finish_reason": None,
-                    }
-                else:
-                    choice = {"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}
-                yield self._chunk([choice])
+            if isinstance(event, Delta):
+                lp = None
+                if not streams:
+                    lp = self._logprobs(
+                        i, event.token_ids, event.logprobs, event.top_logprobs, streamed=True
+                    )
+                if not self.chat:
+                    yield self._chunk(
+                        [{"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}]
+                    )
+                    continue
+                reasoning, content = thinking[i].feed(event.text) if thinking else ("", event.text)
+                for chunk in self._chat_deltas(i, reasoning, content, lp, streams, bool(thinking)):
+                    yield chunk
             elif isinstance(event, Finished):
                 completions[i] = event.completion
                 reason = finish_reason(event.completion)
+                if thinking:
+                    for chunk in self._chat_deltas(i, *thinking[i].flush(), None, streams, True):
+                        yield chunk
                 if streams:
                     rest = streams[i].flush()
                     if rest:

@@ -92,6 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_logprobs=min(args.max_logprobs, 20),
         log_stats=not args.disable_log_stats,
         log_level=args.uvicorn_log_level,
+        reasoning_parser=args.reasoning_parser,
         root_path=args.root_path or "",
     )
     sock = _bind(args.host, args.port)  # before the model loads: a taken port fails at once
@@ -231,6 +232,7 @@ def serve_engine(
     log_level: str = "info",
     root_path: str = "",
     sock=None,
+    reasoning_parser: str | None = None,
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -251,6 +253,7 @@ def serve_engine(
         report_cached_tokens=report_cached_tokens,
         max_logprobs=max_logprobs,
         log_stats=log_stats,
+        reasoning_parser=reasoning_parser,
     )
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(

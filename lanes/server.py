@@ -35,6 +35,7 @@ from lanes.openai_api import (
     refuse_control_tokens,
 )
 from lanes.prompt_scores import score_prompts
+from lanes.reasoning import opens_in_prompt, template_thinks
 from lanes.responses import RequestContext, error_response
 from lanes.server_metrics import ServerMetrics
 from lanes.utility_api import detokenize, model_card, tokenize, version
@@ -61,6 +62,7 @@ def build_app(
     report_cached_tokens: bool = False,
     max_logprobs: int = 20,
     log_stats: bool = True,
+    reasoning_parser: str | None = None,
 ) -> Starlette:
     """The app. model_name: the id clients send, or several (vLLM's --served-model-name a b):
     any is accepted and echoed back, the first labels the metrics. api_key: one key or several;
@@ -70,7 +72,9 @@ def build_app(
     duration). report_cached_tokens: usage.prompt_tokens_details.cached_tokens in responses
     (vLLM's --enable-prompt-tokens-details); off by default, as it tells a client which prompt
     prefixes others sent (docs/serving.md). max_logprobs: the most logprobs / top_logprobs a
-    request may ask for (vLLM's --max-logprobs). log_stats: a periodic stats line in the log."""
+    request may ask for (vLLM's --max-logprobs). log_stats: a periodic stats line in the log.
+    reasoning_parser: vLLM's --reasoning-parser ("none": off); None: on where the chat template
+    writes <think> blocks (lanes/reasoning.py)."""
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model names must be non-empty strings, got {model_name!r}")
@@ -160,6 +164,16 @@ def build_app(
         return lanes
 
     warned: set[str] = set()
+    if reasoning_parser is None:
+        thinks = template_thinks(engine.tokenizer.chat_template)
+    else:
+        thinks = reasoning_parser != "none"
+
+    def reasoning_inside(lanes) -> bool | None:
+        """None: no reasoning parsing; else whether the prompt opened the reasoning block."""
+        if not thinks:
+            return None
+        return opens_in_prompt(engine.tokenizer.decode(lanes[0].prompt_ids[-8:]))
 
     def warn_unknown(names: tuple[str, ...]) -> None:
         """Once per field name, as vLLM warns; a bounded number of names (they come from
@@ -215,6 +229,7 @@ def build_app(
             log_requests,
             report_cached_tokens,
             scores,
+            reasoning_inside(lanes) if chat else None,
         )
         if not parsed.generate:
             return ctx.prompt_only()

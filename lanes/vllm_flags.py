@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lanes.reasoning import PARSERS
 from lanes.serve_options import human_int, positive_int
 
 BOOL = argparse.BooleanOptionalAction
@@ -77,8 +78,9 @@ VLLM_FLAGS = [
         "--reasoning-parser",
         {"default": None},
         _unless(
-            say="--reasoning-parser {value}: lanes does not separate reasoning yet; "
-            "<think> text stays in the message content"
+            *PARSERS,
+            say="--reasoning-parser {value}: lanes reads <think> ... </think> blocks (as qwen3 "
+            "and deepseek_r1 write them); {value}'s format is read as that",
         ),
     ),  # fmt: skip
     VllmFlag(

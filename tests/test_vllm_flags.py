@@ -20,7 +20,7 @@ from lanes.vllm_flags import VLLM_FLAGS, notices
 VLLM_LINE = [
     "--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager",
     "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
-    "--reasoning-parser", "qwen3", "--trust-remote-code", "--generation-config", "auto",
+    "--reasoning-parser", "step3", "--trust-remote-code", "--generation-config", "auto",
     "--uvicorn-log-level", "warning", "--quantization", "awq", "--kv-cache-dtype", "fp8",
     "--max-logprobs", "5", "--structured-outputs-config", '{"backend": "xgrammar"}',
     "--lora-modules", "sql=/adapters/sql", "--root-path", "/llm", "--disable-log-stats",

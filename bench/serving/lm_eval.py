@@ -5,7 +5,7 @@ and its shipped drafter): its `local-completions` model runs a small local multi
 loglikelihoods must be equal. lm-eval is not a lanes dependency; give the python of an
 environment that has it:
 
-    python -m venv /tmp/lmvenv && /tmp/lmvenv/bin/pip install lm-eval
+    python -m venv /tmp/lmvenv && /tmp/lmvenv/bin/pip install "lm-eval[api]"
     python -m bench.serving lm-eval --lm-eval-python /tmp/lmvenv/bin/python
 """
 
