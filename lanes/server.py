@@ -37,6 +37,7 @@ from lanes.openai_api import (
 from lanes.prompt_scores import score_prompts
 from lanes.reasoning import opens_in_prompt, template_thinks
 from lanes.responses import RequestContext, error_response
+from lanes.responses_api import ResponsesRequest, chat_body
 from lanes.server_metrics import ServerMetrics
 from lanes.utility_api import detokenize, model_card, tokenize, version
 
@@ -151,6 +152,9 @@ def build_app(
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
 
+    async def responses_route(request: Request) -> Response:
+        return await handle(request, chat=True, responses=True)
+
     def lanes_for(parsed: ParsedRequest, chat: bool, salt: str) -> list:
         """Every choice's lane, validated and tokenized (off the event loop and the engine)."""
         if chat:
@@ -183,10 +187,15 @@ def build_app(
                 warned.add(name)
                 log.warning("request field %r is not known to lanes and was ignored", name[:80])
 
-    async def handle(request: Request, chat: bool) -> Response:
+    async def handle(request: Request, chat: bool, responses: bool = False) -> Response:
+        """A completions or chat request; `responses`: a /v1/responses one, run as the chat
+        request it means (lanes/responses_api.py)."""
+        raw = None
         try:
             salt = check_key(request)
             body = await read_json(request)
+            if responses:
+                raw, body = body, chat_body(body)
             wanted = body.get("model")
             if wanted is not None and wanted not in names:
                 raise ApiError(
@@ -218,8 +227,7 @@ def build_app(
             log.exception("taking a request failed")
             message = "internal error while taking the request; the server log has the details"
             return error_response(ApiError(message, status=500, kind="server_error"))
-        ctx = RequestContext(
-            chat,
+        answer = (
             parsed,
             handles,
             model_name if wanted is None else wanted,  # echoed, as vLLM does
@@ -231,6 +239,7 @@ def build_app(
             scores,
             reasoning_inside(lanes) if chat else None,
         )
+        ctx = RequestContext(chat, *answer) if raw is None else ResponsesRequest(raw, *answer)
         if not parsed.generate:
             return ctx.prompt_only()
         if parsed.stream:
@@ -325,6 +334,7 @@ def build_app(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", responses_route, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", model_by_id, methods=["GET"]),
             Route("/tokenize", tokenize_route, methods=["POST"]),
