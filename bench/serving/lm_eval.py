@@ -5,7 +5,7 @@ and its shipped drafter): its `local-completions` model runs a small local multi
 loglikelihoods must be equal. lm-eval is not a lanes dependency; give the python of an
 environment that has it:
 
-    python -m venv /tmp/lmvenv && /tmp/lmvenv/bin/pip install "lm-eval[api]"
+    python -m venv /tmp/lmvenv && /tmp/lmvenv/bin/pip install "lm-eval[api]" transformers
     python -m bench.serving lm-eval --lm-eval-python /tmp/lmvenv/bin/python
 """
 
@@ -71,8 +71,9 @@ def run_task(python: str, port: int, tokenizer: str, name: str, workdir: Path) -
         TASK.format(data=DATA / "lm_eval" / "everyday_mc.jsonl")
     )
     out = workdir / f"out-{name}"
+    models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())
     model_args = (
-        f"model=lanes,base_url=http://127.0.0.1:{port}/v1/completions,tokenizer_backend=huggingface,"
+        f"model={models['data'][0]['id']},base_url=http://127.0.0.1:{port}/v1/completions,tokenizer_backend=huggingface,"
         f"tokenizer={tokenizer},num_concurrent=1,max_retries=1,tokenized_requests=True"
     )
     cmd = [python, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
