@@ -49,3 +49,33 @@ def test_negative_control_a_gauge_named_total_fails_the_lint():
         "# HELP lanes_blocks_total Blocks\n# TYPE lanes_blocks_total gauge\nlanes_blocks_total 3\n"
     )
     assert lint(text) == ["lanes_blocks_total: a gauge named like a counter"]
+
+
+# Every series the panels of vLLM's example Grafana dashboard query
+# (docs.vllm.ai examples/observability/prometheus_grafana/grafana.json, as of 2026-09)
+VLLM_DASHBOARD = [
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total", "vllm:inter_token_latency_seconds_bucket",
+    "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count",
+    "vllm:request_time_per_output_token_seconds_bucket",
+    "vllm:request_time_per_output_token_seconds_sum",
+    "vllm:request_time_per_output_token_seconds_count", "vllm:num_requests_running",
+    "vllm:num_requests_waiting", "vllm:time_to_first_token_seconds_bucket",
+    "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+    "vllm:kv_cache_usage_perc", "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket", "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_decode_time_seconds_sum", "vllm:request_max_num_generation_tokens_sum",
+]  # fmt: skip
+
+
+def test_every_panel_of_vllms_dashboard_has_its_series(llama_dir):
+    engine = build_engine(str(llama_dir))
+    with LiveServer(engine) as live:
+        live.client().completions.create(model="tiny", prompt="hi", max_tokens=3)
+        text = live.get("/metrics")
+    samples = {s.name: s.labels for f in text_string_to_metric_families(text) for s in f.samples}
+    missing = [name for name in VLLM_DASHBOARD if name not in samples]
+    assert not missing, missing
+    assert all(samples[name].get("model_name") == "tiny" for name in VLLM_DASHBOARD)
