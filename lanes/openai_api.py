@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -154,7 +155,12 @@ def _get(body: dict, name: str, kind: type | tuple, default: Any = None) -> Any:
 
 
 def parse_request(
-    body: Any, chat: bool, context_len: int, native_tools: bool = False, max_logprobs: int = 20
+    body: Any,
+    chat: bool,
+    context_len: int,
+    native_tools: bool = False,
+    max_logprobs: int = 20,
+    tool_format: str = "hermes",
 ) -> ParsedRequest:
     """native_tools: the chat template renders tools itself (lanes.chat.takes_tools);
     max_logprobs: the most logprobs / top_logprobs a request may ask for (--max-logprobs)."""
@@ -167,6 +173,8 @@ def parse_request(
         messages = parse_messages(body.get("messages"))
         try:
             tools = parse_tools(body)
+            if tools is not None:  # how this model family writes its calls
+                tools = dataclasses.replace(tools, format=tool_format)
             chat_prompt = messages_with_tools(messages, tools, native_tools)
             extra = template_kwargs(body)
         except (ToolError, FieldError) as e:

@@ -27,7 +27,6 @@ from lanes.response_fields import (
     vllm_prompt_logprobs,
 )
 from lanes.server_metrics import finish_reason
-from lanes.tools import ToolCallStream
 
 log = logging.getLogger("lanes")
 
@@ -344,7 +343,7 @@ class RequestContext:
                 first = {"index": i, "text": text, "logprobs": lp, "finish_reason": None}
                 yield self._chunk([{**first, **self._extras(i)}])
         tools = self.parsed.tools  # with tools: the <tool_call> blocks become tool_calls
-        streams = {i: ToolCallStream(tools) for i in range(len(self.handles))} if tools else {}
+        streams = {i: tools.stream() for i in range(len(self.handles))} if tools else {}
         thinking = {}  # reasoning apart from the answer, per choice
         if self.chat and self.reasoning_inside is not None:
             thinking = {i: ReasoningStream(self.reasoning_inside) for i in range(len(self.handles))}
@@ -370,9 +369,9 @@ class RequestContext:
                     for chunk in self._chat_deltas(i, *thinking[i].flush(), None, streams, True):
                         yield chunk
                 if streams:
-                    rest = streams[i].flush()
-                    if rest:
-                        yield self._tool_delta(i, rest, [])
+                    rest, calls = streams[i].finish()
+                    if rest or calls:
+                        yield self._tool_delta(i, rest, calls)
                     if streams[i].num_calls and reason == "stop":
                         reason = "tool_calls"
                 yield self._last_chunk(i, reason)

@@ -93,6 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_stats=not args.disable_log_stats,
         log_level=args.uvicorn_log_level,
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
         root_path=args.root_path or "",
     )
     sock = _bind(args.host, args.port)  # before the model loads: a taken port fails at once
@@ -233,6 +234,7 @@ def serve_engine(
     root_path: str = "",
     sock=None,
     reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> None:
     """Serve one engine (also rank 0 of a tensor-parallel group) until SIGINT or SIGTERM."""
     import logging
@@ -254,6 +256,7 @@ def serve_engine(
         max_logprobs=max_logprobs,
         log_stats=log_stats,
         reasoning_parser=reasoning_parser,
+        tool_call_parser=tool_call_parser,
     )
     tp = engine.comm.world if engine.comm is not None else 1
     logging.getLogger("lanes").info(

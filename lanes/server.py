@@ -39,6 +39,7 @@ from lanes.reasoning import opens_in_prompt, template_thinks
 from lanes.responses import RequestContext, error_response
 from lanes.responses_api import ResponsesRequest, chat_body
 from lanes.server_metrics import ServerMetrics
+from lanes.tool_formats import format_of
 from lanes.utility_api import detokenize, model_card, tokenize, version
 
 log = logging.getLogger("lanes")
@@ -64,6 +65,7 @@ def build_app(
     max_logprobs: int = 20,
     log_stats: bool = True,
     reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> Starlette:
     """The app. model_name: the id clients send, or several (vLLM's --served-model-name a b):
     any is accepted and echoed back, the first labels the metrics. api_key: one key or several;
@@ -75,7 +77,8 @@ def build_app(
     prefixes others sent (docs/serving.md). max_logprobs: the most logprobs / top_logprobs a
     request may ask for (vLLM's --max-logprobs). log_stats: a periodic stats line in the log.
     reasoning_parser: vLLM's --reasoning-parser ("none": off); None: on where the chat template
-    writes <think> blocks (lanes/reasoning.py)."""
+    writes <think> blocks (lanes/reasoning.py). tool_call_parser: vLLM's --tool-call-parser; None:
+    the format the chat template writes (lanes/tool_formats.py)."""
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model names must be non-empty strings, got {model_name!r}")
@@ -205,7 +208,8 @@ def build_app(
                     "not_found_error",
                 )
             native = takes_tools(engine.tokenizer.chat_template)
-            parsed = parse_request(body, chat, engine.context_len, native, max_logprobs)
+            fmt = format_of(tool_call_parser, engine.tokenizer.chat_template)
+            parsed = parse_request(body, chat, engine.context_len, native, max_logprobs, fmt)
             warn_unknown(parsed.unknown_fields)
             lanes = await off_loop(lanes_for, parsed, chat, salt)
             scores = None

@@ -24,6 +24,7 @@ from typing import Any
 from lanes.chat import Chat
 from lanes.grammar_limits import GrammarTooLarge, check_schema
 from lanes.grammar_spec import Grammar
+from lanes.tool_formats import NativeCallStream, parse_native
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -44,6 +45,7 @@ class Tools:
     descriptions: dict[str, str]
     choice: str  # "auto" | "required" | "none" | a function's name
     parallel: bool = True  # False: at most one call per answer (parallel_tool_calls)
+    format: str = "hermes"  # what the model writes under "auto" (lanes/tool_formats.py)
 
     @property
     def active(self) -> bool:
@@ -84,9 +86,21 @@ class Tools:
             "lark", f'start: "<tool_call>" call "</tool_call>"\ncall: %json {json.dumps(schema)}'
         )
 
+    def stream(self):
+        """The stream that splits this request's answers as they come: the model family's own
+        format under "auto", Hermes blocks where a grammar forces the call."""
+        if self.format == "hermes" or self.choice != "auto":
+            return ToolCallStream(self)
+        return NativeCallStream(self.format, self.functions, self.parallel)
+
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
-        """(content, tool_calls): every well-formed block naming a known function becomes a call;
-        the text around the blocks is the content (None when empty)."""
+        """(content, tool_calls): calls in the model family's format, else every well-formed
+        Hermes block naming a known function; the text around them is the content (None when
+        empty)."""
+        if self.format != "hermes":
+            content, calls = parse_native(self.format, text, self.functions)
+            if calls:
+                return content, calls if self.parallel else calls[:1]
         calls: list[dict] = []
         for block in _CALL.findall(text):
             if calls and not self.parallel:
@@ -271,6 +285,10 @@ class ToolCallStream:
             rest = ""
         self.block = None
         return rest
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(content, calls) still to send at the end: calls went out as they were written."""
+        return self.flush(), []
 
 
 def _partial_tag(text: str) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from lanes.reasoning import PARSERS
 from lanes.serve_options import human_int, positive_int
+from lanes.tool_formats import ALIASES, FORMATS
 
 BOOL = argparse.BooleanOptionalAction
 
@@ -68,10 +69,10 @@ VLLM_FLAGS = [
         "--tool-call-parser",
         {"default": None},
         _unless(
-            "hermes",
-            say="--tool-call-parser {value}: lanes parses Hermes-style <tool_call> "
-            "blocks (and calls a chat template renders itself); other formats "
-            "come back as text",
+            *FORMATS,
+            *ALIASES,
+            say="--tool-call-parser {value}: lanes parses the hermes, llama3_json, mistral, "
+            "qwen3_coder and glm45 formats; {value}'s is read as hermes",
         ),
     ),  # fmt: skip
     VllmFlag(

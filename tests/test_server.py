@@ -154,7 +154,9 @@ def test_several_served_names_and_a_log_line_per_request(long_model_dir, caplog)
         client = live.client()
         assert [m.id for m in client.models.list().data] == ["tiny", "alias"]
         assert client.models.retrieve("alias").id == "alias"
-        out = client.completions.create(model="alias", prompt="hello", max_tokens=5)
+        out = client.completions.create(
+            model="alias", prompt="hello", max_tokens=5, extra_body={"ignore_eos": True}
+        )  # a sampled EOS would end it "stop"
         assert out.model == "alias"
         stream = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True

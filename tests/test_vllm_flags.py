@@ -19,7 +19,7 @@ from lanes.vllm_flags import VLLM_FLAGS, notices
 # What a vLLM user's launch script carries (issue 43's list), with values that change something.
 VLLM_LINE = [
     "--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager",
-    "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+    "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
     "--reasoning-parser", "step3", "--trust-remote-code", "--generation-config", "auto",
     "--uvicorn-log-level", "warning", "--quantization", "awq", "--kv-cache-dtype", "fp8",
     "--max-logprobs", "5", "--structured-outputs-config", '{"backend": "xgrammar"}',
