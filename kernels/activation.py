@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
+from lanes.kernels.triton_shim import tl, triton
 
 BLOCK = 1024
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import (
     check,
@@ -36,6 +34,7 @@ from lanes.kernels.common import (
     unfused_launch,
     wait_for_inputs,
 )
+from lanes.kernels.triton_shim import tl, triton
 
 # keys per tile: a row's bits depend on it (the online softmax rescales at every tile), so every
 # forward of a model uses the same (key_tile). 128 ran prefill 1.3-1.4x faster than 64 on the

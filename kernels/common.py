@@ -6,8 +6,8 @@ import functools
 import os
 
 import torch
-import triton
-import triton.language as tl
+
+from lanes.kernels.triton_shim import tl, triton
 
 try:  # grid dependency control (Triton >= 3.4)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

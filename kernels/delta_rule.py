@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import check, interpreting, unfused_launch
+from lanes.kernels.triton_shim import tl, triton
 
 L2_EPS = 1e-6  # transformers' l2norm (and flash-linear-attention's)
 

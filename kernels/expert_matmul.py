@@ -18,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import (
     FLOAT_DTYPES,
@@ -29,6 +27,7 @@ from lanes.kernels.common import (
     pdl_launch,
     wait_for_inputs,
 )
+from lanes.kernels.triton_shim import tl, triton
 
 BLOCK_M = 16  # slots per tile: decode routes one to a few tokens per expert
 BLOCK_K = 64

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import check
+from lanes.kernels.triton_shim import tl, triton
 
 
 @triton.jit

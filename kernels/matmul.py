@@ -22,8 +22,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+
+from lanes.kernels.triton_shim import tl, triton
 
 try:  # host-side tensor descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor

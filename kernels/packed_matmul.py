@@ -22,8 +22,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import fp32_dot, interpreting, pdl_launch, wait_for_inputs
 from lanes.kernels.split_plan import (
@@ -35,6 +33,7 @@ from lanes.kernels.split_plan import (
     split_buffers,
     target_programs,
 )
+from lanes.kernels.triton_shim import tl, triton
 from lanes.packed import PackedWeight
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
+from lanes.kernels.triton_shim import tl, triton
 
 
 @triton.jit

@@ -4,10 +4,9 @@ cos/sin rows (gathered from the llama3-scaled or plain tables by absolute positi
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import FLOAT_DTYPES, check, pdl_launch, wait_for_inputs
+from lanes.kernels.triton_shim import tl, triton
 
 # heads per program (at most): a program rotates a [heads, head_dim] tile of one token, so a
 # prefill of T tokens runs T x (HQ + HKV) / 8 programs instead of one per token and head (8K

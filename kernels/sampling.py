@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import check
+from lanes.kernels.triton_shim import tl, triton
 
 MAX_SEARCH = 64  # passes of a bisection; each pass pins a present value, so it ends far sooner
 BLOCK_V = 4096  # with 16 warps, 8 values per thread per step

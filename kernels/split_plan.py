@@ -11,10 +11,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from lanes.kernels.common import interpreting, tickets
+from lanes.kernels.triton_shim import tl, triton
 
 BLOCK_K = 64
 WIDE_BLOCK_K = 128  # decode's K step where a segment and the launch allow (plan_for)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import lanes  # noqa: F401  (first: maps the checkout's kernels/ so transformers finds its own)
+
 # Tests never reach a model hub; the default model's wheel comes from the package index.
 os.environ["HF_HUB_OFFLINE"] = "1"
 # Without a GPU, Triton kernels run on its CPU interpreter; this must be set before Triton loads.
