@@ -146,32 +146,20 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_fields(cls, fields: dict) -> Tokenizer:
-        """Rebuild a byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata."""
+        """Rebuild the tokenizer from GGUF `tokenizer.ggml.*` metadata: byte-level BPE ('gpt2')
+        or SentencePiece BPE ('llama': Llama 2, Mistral, ... GGUFs)."""
         kind = fields.get("tokenizer.ggml.model")
-        if kind != "gpt2":
+        if kind == "gpt2":
+            tk = _byte_level_bpe(fields)
+        elif kind == "llama":
+            tk = _sentencepiece_bpe(fields)
+        else:
             raise ConfigError(
                 f"GGUF tokenizer model {kind!r} is not supported (lanes rebuilds 'gpt2' byte-level "
-                "BPE); load the model from an HF directory instead"
-            )
-        pre = fields.get("tokenizer.ggml.pre", "default")
-        if pre not in _GGUF_PRE_SPLITS:
-            raise ConfigError(
-                f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(_GGUF_PRE_SPLITS)}"
+                "BPE and 'llama' SentencePiece BPE); load the model from an HF directory instead"
             )
         tokens: list[str] = fields["tokenizer.ggml.tokens"]
         types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges", [])]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        split, gpt2_split = _GGUF_PRE_SPLITS[pre]
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=gpt2_split)
-        if split is None:
-            tk.pre_tokenizer = byte_level
-        else:
-            tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level]
-            )
-        tk.decoder = decoders.ByteLevel()
         special = [
             AddedToken(t, special=True, normalized=False)
             for t, ty in zip(tokens, types, strict=False)
@@ -202,6 +190,56 @@ class Tokenizer:
             eos_token=tok("tokenizer.ggml.eos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+def _byte_level_bpe(fields: dict) -> HFTokenizer:
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in _GGUF_PRE_SPLITS:
+        raise ConfigError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(_GGUF_PRE_SPLITS)}"
+        )
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    split, gpt2_split = _GGUF_PRE_SPLITS[pre]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=gpt2_split)
+    if split is None:
+        tk.pre_tokenizer = byte_level
+    else:
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level]
+        )
+    tk.decoder = decoders.ByteLevel()
+    return tk
+
+
+def _sentencepiece_bpe(fields: dict) -> HFTokenizer:
+    """SentencePiece BPE from its pieces and scores: spaces are `▁`, unknown bytes fall back to
+    the `<0xXX>` pieces, a piece made of two others is one merge (merges that make higher-scored
+    pieces first, as SentencePiece applies them; ties: longer left, then longer right part, then
+    the vocabulary's order), and a space is put before the text (`add_space_prefix`, llama.cpp's
+    key; the first text only, as transformers' non-legacy Llama tokenizer does)."""
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
+    scores: list[float] = fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked = []
+    for piece, i in vocab.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                key = (-scores[i], -len(left), -len(right), i, vocab[left], vocab[right])
+                ranked.append((key, left, right))
+    ranked.sort(key=lambda r: r[0])
+    merges = [(left, right) for _, left, right in ranked]
+    tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True))
+    prefix = fields.get("tokenizer.ggml.add_space_prefix", True)
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="first" if prefix else "never", split=False
+    )
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tk.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tk
 
 
 def _read_json(path: Path) -> dict:
