@@ -146,7 +146,7 @@ def _chat_abuse(rng):
 
 def _unsupported(rng):
     path, body = _valid(rng)
-    field, value = rng.choice([("tools", [{"type": "function"}]), ("suffix", "x"), ("echo", True)])
+    field, value = rng.choice([("tools", [{"type": "function"}]), ("suffix", "x"), ("best_of", 3)])
     body[field] = value
     return path, json.dumps(body).encode(), {}
 
