@@ -70,6 +70,7 @@ KNOWN_FIELDS = frozenset(
         "service_tier",
         "request_id",
         "prompt_logprobs",
+        "documents",
     ]
 )
 # Fields that would change the chat template's input, not extra variables for it.
@@ -137,8 +138,19 @@ def sampling_fields(body: dict) -> dict[str, Any]:
 
 
 def template_kwargs(body: dict) -> dict[str, Any] | None:
-    """chat_template_kwargs: names for the template to read besides the messages and tools."""
+    """chat_template_kwargs: names for the template to read besides the messages and tools; and
+    `documents` (vLLM's and transformers' name for retrieval templates' sources: a list of
+    objects of text fields), which the template reads as `documents`."""
     value = body.get("chat_template_kwargs")
+    documents = body.get("documents")
+    if documents is not None:
+        if not isinstance(documents, list) or not all(
+            isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in documents
+        ):
+            raise FieldError("'documents' must be a list of objects of text fields", "documents")
+        if isinstance(value, dict) and "documents" in value:
+            raise FieldError("'documents' is given twice", "documents")
+        value = {**(value if isinstance(value, dict) else {}), "documents": documents}
     if value is None or value == {}:
         return None
     if not isinstance(value, dict):

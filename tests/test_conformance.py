@@ -302,6 +302,14 @@ def check_chat_template_kwargs(c, ac):
         chat(c, extra_body={"chat_template_kwargs": {"messages": []}})
 
 
+def check_documents(c, ac):
+    # the tiny model's template reads no documents: accepted, and checked for shape
+    # (tests/test_vllm_fields.py renders a template that reads them)
+    assert chat(c, extra_body={"documents": [{"title": "t", "text": "x"}]}).choices
+    with pytest.raises(openai.BadRequestError, match="documents"):
+        chat(c, extra_body={"documents": [{"title": 1}]})
+
+
 def check_echo(c, ac):
     out = complete(c, temperature=0, logprobs=1, echo=True, extra_body=FREE).choices[0]
     plain = complete(c, temperature=0, logprobs=1, extra_body=FREE).choices[0]

@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+import lanes.chat
 from lanes import SamplingParams, build_engine
 from lanes.chat import render_chat
 from lanes.penalties import banned_by_words
@@ -143,3 +144,26 @@ def test_prompt_logprobs_rank_and_name_each_prompt_token(llama_dir):
         assert str(ids[pos]) in entry  # the prompt's own token, with its rank
         best = [v for v in entry.values() if v["rank"] == 1]
         assert best and all(v["logprob"] <= best[0]["logprob"] for v in entry.values())
+
+
+def test_documents_reach_the_chat_template(llama_dir):
+    """vLLM's `documents` (retrieval templates' sources) are the template's `documents`."""
+    import openai
+
+    engine = build_engine(str(llama_dir))
+    engine.tokenizer.chat_template = (
+        "{% for d in documents or [] %}[{{ d['title'] }}: {{ d['text'] }}]{% endfor %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    docs = [{"title": "Paris", "text": "capital of France"}]
+    ids = engine.encode(lanes.chat.Chat([{"role": "user", "content": "hi"}], None,
+                                        {"documents": docs}))  # fmt: skip
+    assert engine.tokenizer.decode(ids) == "[Paris: capital of France]hi"
+    with LiveServer(engine) as live:
+        c = live.client()
+        out = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                        max_tokens=2, extra_body={"documents": docs})  # fmt: skip
+        assert out.usage.prompt_tokens == len(ids)
+        with pytest.raises(openai.BadRequestError, match="documents"):
+            c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                      extra_body={"documents": "not a list"})  # fmt: skip
