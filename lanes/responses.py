@@ -193,7 +193,9 @@ class RequestContext:
             f"{event.error}; the server log has the details", status=500, kind="server_error"
         )
 
-    async def whole(self, request: Request) -> Response:
+    async def gather(self, request: Request) -> dict[int, object] | Response:
+        """Every choice's Completion by index, or the error response that ends the request (a
+        client that disconnects cancels its choices meanwhile)."""
         completions: dict[int, object] = {}
         watcher = asyncio.create_task(self._watch_disconnect(request))
         try:
@@ -207,6 +209,23 @@ class RequestContext:
                     completions[i] = event.completion
         finally:
             watcher.cancel()
+        return completions
+
+    def _body(self, choices: list, usage_: dict) -> dict:
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+            "usage": usage_,
+        }
+
+    async def whole(self, request: Request) -> Response:
+        completions = await self.gather(request)
+        if isinstance(completions, Response):
+            return completions
         choices = []
         for i in sorted(completions):
             c = completions[i]
@@ -223,15 +242,7 @@ class RequestContext:
                 text, reason = prompt_text + c.text, finish_reason(c)
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason,
                                 **self._extras(i)})  # fmt: skip
-        body = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fingerprint,
-            "choices": choices,
-            "usage": self._finish(completions),
-        }
+        body = self._body(choices, self._finish(completions))
         if self.chat and self.parsed.prompt_logprobs is not None:  # vLLM: the response's
             body["prompt_logprobs"] = self._extras(0)["prompt_logprobs"]
         return JSONResponse(body)
@@ -244,16 +255,8 @@ class RequestContext:
             choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": "length",
                             **self._extras(i)})  # fmt: skip
         prompt_tokens = sum(len(s.token_ids) for s in self.scores)
-        body = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fingerprint,
-            "choices": choices,
-            "usage": usage(prompt_tokens, [], 0) | {"prompt_tokens_details": None},
-        }
-        return JSONResponse(body)
+        usage_ = usage(prompt_tokens, [], 0) | {"prompt_tokens_details": None}
+        return JSONResponse(self._body(choices, usage_))
 
     def _message(self, c) -> tuple[dict, str]:
         """A chat choice's message and finish_reason: with tools, the <tool_call> blocks of its

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from lanes.async_engine import Aborted, Delta, Failed, Finished
 from lanes.openai_api import ApiError
 from lanes.reasoning import ReasoningStream
-from lanes.responses import RequestContext, error_response
+from lanes.responses import RequestContext
 
 _ROLES = ("system", "developer", "user", "assistant")
 # request fields that change nothing lanes does (no storage, metadata, our own truncation)
@@ -170,15 +170,9 @@ class ResponsesRequest(RequestContext):
         }
 
     async def whole(self, request: Request) -> Response:
-        completions: dict = {}
-        async for i, event in self._events():
-            if isinstance(event, Failed):
-                return error_response(self._failure(event))
-            if isinstance(event, Aborted):
-                message = "the server is shutting down"
-                return error_response(ApiError(message, status=503, kind="server_error"))
-            if isinstance(event, Finished):
-                completions[i] = event.completion
+        completions = await self.gather(request)
+        if isinstance(completions, Response):
+            return completions
         items, incomplete = self._items(completions[0])
         status = "incomplete" if incomplete else "completed"
         return JSONResponse(self._response(status, items, incomplete, self._usage(completions)))
