@@ -11,9 +11,10 @@ from typing import Any
 from lanes.chat import Chat
 from lanes.grammar_limits import MAX_SCHEMA_DEPTH, GrammarTooLarge, check_schema
 from lanes.grammar_spec import Grammar
+from lanes.request_models import ChatCompletionRequest, CompletionRequest, unknown_fields
 from lanes.sampling import SamplingParams
 from lanes.tools import ToolError, Tools, messages_with_tools, parse_tools
-from lanes.vllm_fields import FieldError, sampling_fields, template_kwargs, unknown_fields
+from lanes.vllm_fields import FieldError, sampling_fields, template_kwargs
 
 # Limits on one request, so no request can cost unbounded engine or host time (docs/serving.md).
 MAX_N = 16
@@ -274,7 +275,9 @@ def parse_request(
         logprobs=logprobs,
         max_tokens_given=max_tokens is not None,
         tools=tools if tools is not None and tools.active else None,
-        unknown_fields=tuple(unknown_fields(body)),
+        unknown_fields=tuple(
+            unknown_fields(body, ChatCompletionRequest if chat else CompletionRequest)
+        ),
         echo=echo,
         prompt_logprobs=prompt_logprobs,
         generate=generate,

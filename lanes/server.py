@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from lanes import __version__
 from lanes.async_engine import (
     AsyncEngine,
     ShuttingDown,
@@ -36,6 +37,7 @@ from lanes.openai_api import (
 )
 from lanes.prompt_scores import score_prompts
 from lanes.reasoning import opens_in_prompt, template_thinks
+from lanes.request_models import openapi
 from lanes.responses import RequestContext, error_response
 from lanes.responses_api import ResponsesRequest, chat_body
 from lanes.server_metrics import ServerMetrics
@@ -295,6 +297,9 @@ def build_app(
     async def detokenize_route(request: Request) -> Response:
         return await json_utility(request, lambda b: detokenize(b, engine.tokenizer))
 
+    async def openapi_route(request: Request) -> Response:
+        return JSONResponse(openapi(__version__))
+
     async def version_route(request: Request) -> Response:
         return JSONResponse(version())
 
@@ -344,6 +349,7 @@ def build_app(
             Route("/tokenize", tokenize_route, methods=["POST"]),
             Route("/detokenize", detokenize_route, methods=["POST"]),
             Route("/version", version_route, methods=["GET"]),
+            Route("/openapi.json", openapi_route, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/debug/kv", debug_kv, methods=["GET"]),

@@ -4,8 +4,7 @@
   truncate_prompt_tokens: SamplingParams fields (the token-set ones are logits processing,
   lanes/penalties.py, so drafted output still equals undrafted under them);
 - chat_template_kwargs: extra variables for the chat template (Qwen3's `enable_thinking`);
-- any other field name a request carries is reported by `unknown_fields`, for the server to log
-  once per name, as vLLM warns.
+- which field names a request may carry at all: lanes/request_models.py.
 """
 
 from __future__ import annotations
@@ -16,63 +15,6 @@ MAX_TOKEN_LIST = 4096  # entries of allowed_token_ids or stop_token_ids
 MAX_BAD_WORDS = 256
 MAX_BAD_WORD_CHARS = 256
 
-# Every field lanes reads or knowingly ignores (metadata that changes no output), for either
-# endpoint; a field outside it is logged as unknown.
-KNOWN_FIELDS = frozenset(
-    [
-        "model",
-        "prompt",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "n",
-        "stream",
-        "stream_options",
-        "stop",
-        "seed",
-        "logprobs",
-        "top_logprobs",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "min_p",
-        "min_tokens",
-        "logit_bias",
-        "response_format",
-        "structured_outputs",
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "draft",
-        "cache_salt",
-        "ignore_eos",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "allowed_token_ids",
-        "bad_words",
-        "truncate_prompt_tokens",
-        "chat_template_kwargs",
-        "echo",
-        "suffix",
-        "best_of",
-        "functions",
-        "function_call",
-        "user",
-        "metadata",
-        "store",
-        "service_tier",
-        "request_id",
-        "prompt_logprobs",
-        "documents",
-    ]
-)
 # Fields that would change the chat template's input, not extra variables for it.
 _RESERVED = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"})
 
@@ -81,10 +23,6 @@ class FieldError(ValueError):
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
-
-
-def unknown_fields(body: dict) -> list[str]:
-    return sorted(name for name in body if name not in KNOWN_FIELDS)
 
 
 def _token_ids(body: dict, name: str) -> tuple[int, ...]:

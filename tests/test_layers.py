@@ -25,7 +25,8 @@ LAYERS = [
              "lanes.async_engine", "lanes.drafter.distill", "lanes.utility_api",
              "lanes.server_metrics", "lanes.tools", "lanes.http_protocol", "lanes.responses",
              "lanes.serve_command", "lanes.vllm_flags", "lanes.vllm_fields", "lanes.prompt_scores",
-             "lanes.response_fields", "lanes.responses_api", "lanes.reasoning"]),
+             "lanes.response_fields", "lanes.responses_api", "lanes.reasoning",
+             "lanes.request_models", "lanes.tool_formats"]),
     ("build", ["lanes.build", "lanes.warmup"]),  # the composition root
     ("engine", ["lanes.engine"]),  # the thin loop
     ("engine: rounds in a step's place", ["lanes.overlap", "lanes.device_round_driver"]),
