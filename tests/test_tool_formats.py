@@ -110,3 +110,48 @@ def test_the_format_follows_the_template_unless_a_parser_is_named(fmt):
     assert format_of(None, TEMPLATES[fmt]) == fmt
     assert format_of("glm4_moe", TEMPLATES[fmt]) == "glm45"  # vLLM's name wins
     assert format_of("pythonic", TEMPLATES[fmt]) == "hermes"  # unknown: the notice says so
+
+
+QWEN_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}{% for t in tools %}{{ t['function']['name'] }}\n{% endfor %}"
+    "{# calls: <tool_call><function=name><parameter=k>v</parameter></function></tool_call> #}"
+    "{% endif %}<|im_start|>assistant\n"
+)
+CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+
+
+def test_a_qwen_style_call_over_http_drafted_or_not(long_model_dir):
+    """The answer forced to one Qwen3-Coder-style call (a regex), tool_choice auto: the server
+    finds the format from the template and returns the call, streamed or not, drafted or not."""
+    import re as regex
+
+    from lanes import build_engine
+    from lanes.drafter.ngram import NgramProposer
+    from tests.live_server import LiveServer
+
+    engine = build_engine(str(long_model_dir))
+    engine.proposer = NgramProposer(min_n=1)  # drafts from the prompt's text
+    engine.tokenizer.chat_template = QWEN_STYLE
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters":
+              FUNCTIONS["get_weather"]}}]  # fmt: skip
+    body = {"structured_outputs": {"regex": regex.escape(CALL)}}
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Weather?"}], tools=tools,
+               max_tokens=200, temperature=0)  # fmt: skip
+    with LiveServer(engine) as live:
+        c = live.client()
+        outs = [c.chat.completions.create(**ask, extra_body={**body, "draft": d})
+                for d in (True, False)]  # fmt: skip
+        chunks = list(c.chat.completions.create(**ask, stream=True, extra_body=body))
+    details = outs[0].usage.completion_tokens_details
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+    for out in outs:
+        message = out.choices[0].message
+        assert out.choices[0].finish_reason == "tool_calls" and message.content is None
+        assert [
+            (t.function.name, json.loads(t.function.arguments)) for t in message.tool_calls
+        ] == [("get_weather", {"city": "Paris"})]
+    streamed = [d.tool_calls for ch in chunks if ch.choices for d in [ch.choices[0].delta]
+                if d.tool_calls]  # fmt: skip
+    assert len(streamed) == 1 and streamed[0][0].function.name == "get_weather"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
