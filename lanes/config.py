@@ -21,6 +21,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",  # the same, with routed experts + a shared expert
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    # GLM-4.5 / 4.6: sigmoid-scored grouped routing, an ungated shared expert, dense first layers
+    "Glm4MoeForCausalLM": "glm4_moe",
 }
 # vision-language wrappers served as their language model (config `text_config`)
 VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
@@ -93,6 +95,14 @@ class ModelConfig:
     # Qwen3.5-MoE: each MoE layer also runs a shared SiLU MLP of this size on every token,
     # scaled by sigmoid(its gate); 0: none
     shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = True  # Qwen3.5-MoE's sigmoid gate; GLM-4 MoE adds it as it is
+    # GLM-4 MoE's router: sigmoid scores, a per-expert correction bias for the choice only, the
+    # experts in n_group groups of which the topk_group best (by their two best scores) compete,
+    # the chosen weights scaled by routed_scaling_factor. "softmax": Qwen's router.
+    router: str = "softmax"  # "softmax" | "sigmoid_groups"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
     # Hybrids (Qwen3.5): each layer's token mixer, LINEAR_ATTENTION (a gated DeltaNet with a
     # recurrent state per lane) or FULL_ATTENTION; () means every layer attends
     layer_types: tuple[str, ...] = ()
@@ -221,7 +231,8 @@ class ModelConfig:
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+            or (family == "glm4_moe" and bool(raw.get("use_qk_norm", False))),
             rope_scaling=_rope_scaling(raw),
             bos_token_id=raw.get("bos_token_id")
             if isinstance(raw.get("bos_token_id"), int)
@@ -257,7 +268,45 @@ def _family_fields(raw: dict[str, Any], family: str, head_dim: int) -> dict[str,
         fields.update(_hybrid_fields(raw, head_dim))
     if family == "qwen3_5_moe":
         fields.update(_shared_expert_fields(raw))
+    if family == "glm4_moe":
+        fields.update(_glm_moe_fields(raw, head_dim))
     return fields
+
+
+def _glm_moe_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """GLM-4 MoE: layers from `first_k_dense_replace` on route to experts; a shared expert of
+    n_shared_experts x moe_intermediate_size; partial RoPE (half the head by default)."""
+    layers = _number(raw, "num_hidden_layers", int)
+    key = "n_routed_experts" if "n_routed_experts" in raw else "num_local_experts"
+    experts = _number(raw, key, int)
+    groups = _number(raw, "n_group", int, 1)
+    topk_group = _number(raw, "topk_group", int, 1)
+    if experts <= 0 or groups <= 0 or experts % groups or not 0 < topk_group <= groups:
+        raise ConfigError(
+            f"GLM-4 MoE routing: {experts} experts in {groups} groups, topk_group {topk_group}"
+        )
+    if experts // groups < 2:
+        raise ConfigError("GLM-4 MoE routing needs at least 2 experts per group")
+    params = raw.get("rope_parameters") or {}
+    factor = _number({**params, **raw}, "partial_rotary_factor", float, 0.5)
+    rotary = int(head_dim * factor)
+    if not 0 < rotary <= head_dim or rotary % 2:
+        raise ConfigError(f"'partial_rotary_factor' {factor} gives {rotary} rotary dims")
+    size = _number(raw, "moe_intermediate_size", int)
+    return {
+        "num_experts": experts,
+        "experts_per_token": _number(raw, "num_experts_per_tok", int),
+        "moe_intermediate_size": size,
+        "norm_topk_prob": bool(raw.get("norm_topk_prob", True)),
+        "moe_layers": tuple(range(_number(raw, "first_k_dense_replace", int, 1), layers)),
+        "shared_expert_intermediate_size": size * _number(raw, "n_shared_experts", int, 1),
+        "shared_expert_gated": False,
+        "router": "sigmoid_groups",
+        "n_group": groups,
+        "topk_group": topk_group,
+        "routed_scaling_factor": _number(raw, "routed_scaling_factor", float, 1.0),
+        "rotary_dim": rotary,
+    }
 
 
 def _shared_expert_fields(raw: dict[str, Any]) -> dict[str, Any]:

@@ -146,6 +146,26 @@ ARCHS["qwen3_5_moe"] = (  # the same hybrid, every MLP routed (2 of 8 experts) +
         "shared_expert_intermediate_size": 64,
     },
 )
+# GLM-4 MoE: layer 0 dense, layer 1 routes to 2 of 8 experts in 2 groups (1 group competes),
+# sigmoid scores with a correction bias (perturbed below), an ungated shared expert, partial RoPE
+# (half of head_dim), q/k norms and qkv bias
+ARCHS["glm4_moe"] = (
+    "Glm4MoeConfig",
+    {
+        "head_dim": 16,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "moe_intermediate_size": 64,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "use_qk_norm": True,
+        "attention_bias": True,
+    },
+)
 # Zero-centred norms (stored w, applied 1 + w) start at w = 0: perturbed, so the offset is tested
 _PERTURB_NORMS = {"qwen3_5", "qwen3_5_moe"}
 _MODEL_CLASSES = {
@@ -156,6 +176,7 @@ _MODEL_CLASSES = {
     "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
     "Qwen3_5TextConfig": "Qwen3_5ForCausalLM",
     "Qwen3_5MoeTextConfig": "Qwen3_5MoeForCausalLM",
+    "Glm4MoeConfig": "Glm4MoeForCausalLM",
 }
 
 
@@ -212,6 +233,10 @@ def write_tiny_model(root: Path, arch: str, seed: int = 0, **overrides):
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.add_(torch.randn_like(p) * 0.2)
+    with torch.no_grad():  # a zero correction bias would leave its path untested
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.add_(torch.randn_like(b) * 0.3)
     root.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(root, safe_serialization=True)
     tk.save(str(root / "tokenizer.json"))

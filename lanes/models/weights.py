@@ -70,11 +70,15 @@ def _mlp_shapes(cfg: ModelConfig, p: str, routed: bool) -> dict[str, tuple[int, 
     if not routed:
         return silu_mlp(p, cfg.intermediate_size)
     shapes = {p + "gate.weight": (cfg.num_experts, h)}  # the router
+    if cfg.router == "sigmoid_groups":  # GLM-4 MoE's per-expert correction of the choice
+        shapes[p + "gate.e_score_correction_bias"] = (cfg.num_experts,)
     for e in range(cfg.num_experts):
         shapes.update(silu_mlp(f"{p}experts.{e}.", cfg.moe_intermediate_size))
-    if cfg.shared_expert_intermediate_size:
+    if cfg.shared_expert_intermediate_size and cfg.shared_expert_gated:
         shapes.update(silu_mlp(p + "shared_expert.", cfg.shared_expert_intermediate_size))
         shapes[p + "shared_expert_gate.weight"] = (1, h)
+    elif cfg.shared_expert_intermediate_size:  # GLM-4 MoE: plural, no gate
+        shapes.update(silu_mlp(p + "shared_experts.", cfg.shared_expert_intermediate_size))
     return shapes
 
 
@@ -101,6 +105,8 @@ def check_shapes(found: dict[str, tuple[int, ...]], cfg: ModelConfig) -> None:
     """Raise WeightError naming every missing, unexpected or mis-shaped tensor."""
     want = expected_shapes(cfg)
     found = {k: v for k, v in found.items() if not _IGNORED.fullmatch(k)}
+    if cfg.family == "glm4_moe":  # its multi-token-prediction layers, after the decoder's own
+        found = {k: v for k, v in found.items() if _layer_index(k) < cfg.num_layers}
     if cfg.tie_word_embeddings:
         found.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
     problems = []
@@ -115,6 +121,14 @@ def check_shapes(found: dict[str, tuple[int, ...]], cfg: ModelConfig) -> None:
         problems.append(f"{k} has shape {list(found[k])}, expected {list(want[k])}")
     if problems:
         raise WeightError("checkpoint does not match the model config: " + "; ".join(problems))
+
+
+def _layer_index(name: str) -> int:
+    """The decoder layer a tensor belongs to (-1: none)."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+        return int(parts[2])
+    return -1
 
 
 def _more(names: list[str]) -> str:
@@ -146,6 +160,7 @@ class LayerWeights:
     gate_up: torch.Tensor | PackedWeight | None  # [2 * intermediate, hidden]; None: MoE layer
     down: torch.Tensor | PackedWeight | None  # [hidden, intermediate]
     router: torch.Tensor | None = None  # [experts, hidden] (mixture-of-experts layers)
+    router_bias: torch.Tensor | None = None  # [experts] fp32: GLM-4 MoE's choice correction
     experts_gate_up: torch.Tensor | None = None  # [experts, 2 * moe_intermediate, hidden]
     experts_down: torch.Tensor | None = None  # [experts, hidden, moe_intermediate]
     deltanet: DeltaNetWeights | None = None  # linear-attention layers of hybrids
@@ -255,6 +270,9 @@ def assemble(
             "gate_up": None,
             "down": None,
             "router": get(m + "gate.weight"),
+            "router_bias": get_fp32(m + "gate.e_score_correction_bias")
+            if cfg.router == "sigmoid_groups"
+            else None,
             "experts_gate_up": torch.stack(
                 [dense(cat(x + "gate_proj.weight", x + "up_proj.weight")) for x in experts]
             ),
@@ -265,6 +283,10 @@ def assemble(
     def shared(m: str) -> dict[str, torch.Tensor | None]:
         if not cfg.shared_expert_intermediate_size:
             return {}
+        if not cfg.shared_expert_gated:
+            x = m + "shared_experts."
+            return {"shared_gate_up": dense(cat(x + "gate_proj.weight", x + "up_proj.weight")),
+                    "shared_down": dense(get(x + "down_proj.weight"))}  # fmt: skip
         x = m + "shared_expert."
         return {
             "shared_gate_up": dense(cat(x + "gate_proj.weight", x + "up_proj.weight")),
