@@ -11,7 +11,7 @@ from safetensors import SafetensorError, safe_open
 
 from lanes.config import VISION_LANGUAGE, ConfigError, ModelConfig
 from lanes.models.checkpoint import Checkpoint
-from lanes.models.mlx_affine import packed_view, quantization
+from lanes.models.mlx_affine import packed_view, quantization, unstack_experts
 from lanes.models.weights import WeightError
 from lanes.tokenizer import Tokenizer
 
@@ -59,6 +59,7 @@ def open_hf_dir(path: Path) -> Checkpoint:
             raise WeightError(f"cannot load tensor {name} from {f.name}: {e}") from e
 
     packed = None
+    quant, shapes, load = unstack_experts(quant, shapes, load)  # mlx-lm's stacked experts
     if quant is not None:  # MLX affine codes: kept packed by the decoder
         try:
             shapes, load, packed = packed_view(quant, shapes, load)

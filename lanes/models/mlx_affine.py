@@ -13,6 +13,7 @@ gets it dequantized to the checkpoint's float dtype.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,53 @@ def _settings(q: dict[str, Any], module: str) -> tuple[int, int]:
     if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
         raise ConfigError(f"quantization group_size {group!r} of {module} must be positive")
     return bits, group
+
+
+_SWITCH = re.compile(
+    r"(.*\.mlp\.)switch_mlp\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)"
+)
+
+
+def unstack_experts(
+    q: dict[str, Any] | None,
+    shapes: dict[str, tuple[int, ...]],
+    load: Callable[[str], torch.Tensor],
+) -> tuple[dict[str, Any] | None, dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
+    """mlx-lm stores a MoE layer's experts stacked (`mlp.switch_mlp.gate_proj.weight` [experts,
+    out, in], its scales and biases too); the per-expert names Hugging Face checkpoints use
+    (`mlp.experts.{e}.gate_proj.weight`) read expert e's slice. A per-module quantization entry
+    of the stacked module applies to each expert."""
+    stacked = {}
+    view = {}
+    for name, shape in shapes.items():
+        m = _SWITCH.fullmatch(name)
+        if m is None or len(shape) < 2:
+            view[name] = shape
+            continue
+        prefix, proj, part = m.groups()
+        for e in range(shape[0]):
+            view[f"{prefix}experts.{e}.{proj}.{part}"] = tuple(shape[1:])
+            stacked[f"{prefix}experts.{e}.{proj}.{part}"] = (name, e)
+    if not stacked:
+        return q, shapes, load
+    if q is not None:
+        q = dict(q)
+        for logical, (name, _) in stacked.items():
+            module = name.rsplit(".", 1)[0]
+            if module in q:
+                q.setdefault(logical.rsplit(".", 1)[0], q[module])
+    last: dict[str, torch.Tensor] = {}  # the stacked tensor read last: experts read in turn
+
+    def load_expert(name: str) -> torch.Tensor:
+        if name not in stacked:
+            return load(name)
+        source, e = stacked[name]
+        if source not in last:
+            last.clear()
+            last[source] = load(source)
+        return last[source][e].contiguous()
+
+    return q, view, load_expert
 
 
 def packed_view(
