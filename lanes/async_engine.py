@@ -277,6 +277,21 @@ class AsyncEngine:
             self._cancel_everything = True
             while self.engine.has_work():
                 self._round()
+            self._drain_calls(ShuttingDown("the server is shutting down"))
+
+    def _drain_calls(self, error: Exception) -> None:
+        """Commands queued behind a stop: nobody will run them, so they fail (never hang)."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "submit":
+                for _, post in command[1]:
+                    post(Failed(error))
+            elif command[0] == "call":
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    command[2].set_exception(error)
 
     def _round(self) -> None:
         try:

@@ -48,9 +48,9 @@ log = logging.getLogger("lanes")
 
 MAX_BODY_BYTES = 4 * 2**20
 BODY_TIMEOUT_S = 30.0  # a client gets this long to send its whole request body
+MAX_WARNED_FIELDS = 256  # unknown request field names logged (once each)
 # Threads that parse bodies, tokenize and compile grammars: a burst of big requests queues here,
 # beside the event loop (/health, streams) and the engine thread rather than in their way.
-MAX_WARNED_FIELDS = 256  # unknown request field names logged (once each)
 INTAKE_THREADS = 4
 
 
@@ -220,9 +220,11 @@ def build_app(
                 ids = [lanes[k * n].prompt_ids for k in range(len(parsed.prompts))]
                 top = max(parsed.logprobs or 0, parsed.prompt_logprobs or 0)
                 scores = await runner.call(lambda e: score_prompts(e, ids, top))
-            handles = runner.submit_lanes(lanes) if parsed.generate else []
-            for _ in parsed.prompts if parsed.generate else ():
-                metrics.observe_request(len(parsed.params), parsed.params[0].max_tokens)
+            handles = []
+            if parsed.generate:  # echo with max_tokens 0 generates nothing
+                handles = runner.submit_lanes(lanes)
+                for _ in parsed.prompts:  # vLLM counts each prompt as a request
+                    metrics.observe_request(len(parsed.params), parsed.params[0].max_tokens)
         except ApiError as e:
             return error_response(e)
         except ValueError as e:  # RequestError, chat template errors: this request's input
