@@ -112,7 +112,8 @@ class Proposer:
       target forward over a drafting lane and before `prefill`/`accepted`: the target's
       final-norm features of positions [start, start + len(hidden)), now settled (a view the next
       forward overwrites: copy what you keep); with `target_feature_layers`, the normed outputs
-      of those target layers side by side instead (lanes.models.decoder).
+      of those target layers side by side instead (lanes.models.decoder), or with
+      `target_features_prenorm` their residual stream before the norm (EAGLE-3 heads).
 
     A proposer only affects speed: with coupled verification the output never depends on it.
     """
@@ -120,6 +121,7 @@ class Proposer:
     name = "proposer"
     uses_target_hidden = False
     target_feature_layers: tuple[int, ...] | None = None
+    target_features_prenorm = False
 
     def prefill(self, chunks: Sequence[Chunk]) -> None:
         return None

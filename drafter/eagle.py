@@ -36,7 +36,6 @@ import hashlib
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,6 +50,8 @@ from lanes.chain_graphs import ChainGraphs
 from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
 from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
+from lanes.drafter.eagle3_format import is_eagle3_dir, load_eagle3
+from lanes.drafter.eagle_parts import EagleParts
 from lanes.kernels.sampling import sample_with
 from lanes.lane_rows import rows_of
 from lanes.lane_view import Chunk, LaneView
@@ -67,16 +68,11 @@ REDUCE = "eagle.reduce.weight"
 
 
 def is_eagle_dir(spec: str) -> bool:
+    """A `lanes distill` head, or a published EAGLE-3 head (drafter/eagle3_format.py)."""
     meta = Path(spec) / "drafter.json"
-    return meta.is_file() and json.loads(meta.read_text()).get("kind") == "eagle"
-
-
-@dataclass
-class EagleParts:
-    decoder: Decoder  # one layer; LM head: the target's embedding rows (of `vocab`)
-    vocab: torch.Tensor | None
-    feature_layers: tuple[int, ...] | None  # target layers read; None: its final norm
-    reduce: torch.Tensor | None  # [hidden, len(feature_layers) * hidden]
+    if meta.is_file():
+        return json.loads(meta.read_text()).get("kind") == "eagle"
+    return is_eagle3_dir(Path(spec))
 
 
 def load_eagle_decoder(path: Path, target: Checkpoint, config: EngineConfig) -> EagleParts:
@@ -195,9 +191,11 @@ class EagleDrafter(Proposer):
     def __init__(self, path: str, target: Checkpoint, config: EngineConfig) -> None:
         self.config = config
         self.source = path
-        parts = load_eagle_decoder(Path(path), target, config)
+        load = load_eagle3 if is_eagle3_dir(Path(path)) else load_eagle_decoder
+        parts = load(Path(path), target, config)
         decoder, self.vocab, self.reduce = parts.decoder, parts.vocab, parts.reduce
         self.target_feature_layers = parts.feature_layers
+        self.target_features_prenorm = parts.prenorm_features
         self.ops = decoder.ops
         mc, bs = decoder.cfg, config.block_size
         dtype = decoder.weights.embed.dtype

@@ -24,6 +24,7 @@ class HybridProposer(Proposer):
         self.head = head
         self.lookup = lookup
         self.target_feature_layers = head.target_feature_layers
+        self.target_features_prenorm = head.target_features_prenorm
 
     def prefill(self, chunks: Sequence[Chunk]) -> None:
         self.head.prefill(chunks)

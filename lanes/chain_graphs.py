@@ -73,7 +73,9 @@ class LaneSlots:
 
 
 class _Chain:
-    def __init__(self, lanes: int, tokens: int, num_steps: int, slots: LaneSlots, fuse) -> None:
+    def __init__(
+        self, lanes: int, tokens: int, num_steps: int, slots: LaneSlots, feature_row
+    ) -> None:
         device = slots.kv_slots.device
         n = lanes * tokens
         self.lanes, self.tokens, self.num_steps, self.slots = lanes, tokens, num_steps, slots
@@ -83,8 +85,10 @@ class _Chain:
         self.later = torch.zeros((2, num_steps - 1, lanes), dtype=torch.int64, device=device)
         self.first_ctx = torch.ones((2, num_steps, lanes), dtype=torch.int32, device=device)
         # EAGLE-style heads: forward 0's features [lanes * T, hidden]; later ones read the last
-        # forward's final-norm rows
-        self.features = None if fuse is None else fuse.new_zeros((n, fuse.shape[1] // 2))
+        # forward's output rows
+        self.features = (
+            None if feature_row is None else feature_row.new_zeros((n, feature_row.shape[1]))
+        )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.samples: torch.Tensor | None = None  # [num_steps, lanes] static
         self.batches: list[ForwardBatch] = []  # one per forward, over the buffers above
@@ -152,7 +156,7 @@ class ChainGraphs:
             s.num_tokens == tokens
             and 1 <= c <= MAX_CHAIN_SAMPLES
             and s.end - 1 + c <= g.max_ctx
-            and (s.features is not None) == (g.fuse is not None)
+            and (s.features is not None) == (g.feature_row is not None)
             for s, c in zip(steps, counts, strict=True)
         )
 
@@ -199,7 +203,7 @@ class ChainGraphs:
         slots = self.lane_slots.get(lanes)
         if slots is None:
             slots = self.lane_slots[lanes] = LaneSlots(lanes, g.max_ctx, g.scratch_slot, g.device)
-        chain = _Chain(lanes, tokens, num_steps, slots, g.fuse)
+        chain = _Chain(lanes, tokens, num_steps, slots, g.feature_row)
         # until the first refill: padding lanes (positions 0..T-1, K/V to the scratch slot)
         chain.first[1] = torch.arange(tokens, device=g.device).repeat(lanes)
         chain.first[2] = g.scratch_slot

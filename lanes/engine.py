@@ -102,6 +102,7 @@ class Engine:
         self._build_parts(proposer, on_cuda=cfg.device.startswith("cuda"))
         if self.drafting.observing:  # the target keeps the features this drafter reads
             runner.decoder.feature_layers = proposer.target_feature_layers
+            runner.decoder.feature_prenorm = proposer.target_features_prenorm
 
     def _build_parts(self, proposer: Proposer | None, on_cuda: bool) -> None:
         cfg, clock = self.config, self.clock

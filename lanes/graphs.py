@@ -107,7 +107,7 @@ class _Graph:
         max_ctx: int,
         group: int,
         device,
-        fuse=None,
+        feature_row=None,
         states: StatePool | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -123,7 +123,9 @@ class _Graph:
         self.kv_slots = torch.zeros(lanes * max_ctx, **i64)
         # EAGLE-style drafters read a target feature per row: a static buffer like the ids
         self.features = (
-            None if fuse is None else fuse.new_zeros((n, fuse.shape[1] // 2), device=device)
+            None
+            if feature_row is None
+            else feature_row.new_zeros((n, feature_row.shape[1]), device=device)
         )
         self.lane_states = None if states is None else _lane_states(states, lanes, tokens, dtype)
         self.batch = static_batch(
@@ -204,7 +206,14 @@ class DecodeGraphs:
         self.max_ctx = max_ctx
         self.group = decoder.cfg.num_heads // decoder.cfg.num_kv_heads
         self.device = decoder.weights.embed.device
-        self.fuse = decoder.weights.fuse  # EAGLE-style drafters: rows read features too
+        # EAGLE-style drafters: rows read features too (a zero row of their width and dtype)
+        self.feature_row = (
+            torch.zeros(
+                (1, decoder.cfg.hidden_size), dtype=decoder.weights.norm.dtype, device=self.device
+            )
+            if decoder.weights.reads_features
+            else None
+        )
         self.states: StatePool | None = kv.states  # hybrids: each lane's recurrent-state slot
         self.pool = None if eager else torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -220,7 +229,7 @@ class DecodeGraphs:
             s.num_tokens == tokens
             and s.num_logits == tokens
             and s.end <= self.max_ctx
-            and (s.features is not None) == (self.fuse is not None)
+            and (s.features is not None) == (self.feature_row is not None)
             and (self.states is None or s.keep_states == (tokens > 1))
             for s in steps
         )
@@ -333,7 +342,7 @@ class DecodeGraphs:
             self.max_ctx,
             self.group,
             self.device,
-            self.fuse,
+            self.feature_row,
             self.states,
             self.decoder.weights.embed.dtype,
         )

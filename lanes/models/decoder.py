@@ -24,7 +24,8 @@ class Decoder:
     forward (what the LM head reads): the features an EAGLE-style drafter consumes. With
     `feature_layers` set (layer indices, the last one last), it is instead the normed residual
     stream after each of those layers, side by side [num_tokens, len * hidden]: low, middle and
-    final layers together tell a drafter what the token is as well as what comes next.
+    final layers together tell a drafter what the token is as well as what comes next. With
+    `feature_prenorm`, the residual stream itself (what EAGLE-3 heads read).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class Decoder:
         self.cos, self.sin = rope_tables(cfg, weights.embed.device)
         self.last_hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] | None = None
+        self.feature_prenorm = False  # keep those layers' residual stream before the norm
         # the KV pool holds attention layers only (hybrids): layer index -> pool layer
         self.kv_layer = {layer: i for i, layer in enumerate(cfg.attention_layers)}
         self.state_layer = {layer: i for i, layer in enumerate(cfg.linear_layers)}
@@ -51,11 +53,17 @@ class Decoder:
         eps = cfg.rms_norm_eps
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # [n, rope_dim / 2]
         residual = self._embed(batch.input_ids)  # [n, hidden]
-        if w.fuse is not None:  # EAGLE-style drafter: token embedding + the target's feature
-            residual = ops.linear(
-                torch.cat([residual, batch.features.to(residual.dtype)], -1), w.fuse
-            )
-        x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
+        if w.hidden_norm is not None:  # EAGLE-3 head: [normed embedding, normed feature]
+            feature = batch.features.to(residual.dtype)
+            normed = ops.rms_norm(feature, w.hidden_norm, eps)
+            x = torch.cat([ops.rms_norm(residual, w.layers[0].input_norm, eps), normed], -1)
+            residual = normed if w.norm_before_residual else feature
+        else:
+            if w.fuse is not None:  # EAGLE-style drafter: token embedding + the target's feature
+                residual = ops.linear(
+                    torch.cat([residual, batch.features.to(residual.dtype)], -1), w.fuse
+                )
+            x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         kept = []  # feature_layers' outputs
         for i, layer in enumerate(w.layers):
             if layer.deltanet is not None:  # hybrids: a recurrent token mixer, no KV
@@ -71,8 +79,11 @@ class Decoder:
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
             residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
             if self.feature_layers is not None and i in self.feature_layers:
-                kept.append(x)
-        self.last_hidden = torch.cat(kept, dim=-1) if kept else x
+                kept.append(residual if self.feature_prenorm else x)
+        # an EAGLE-3 head feeds its pre-norm output back as the next row's feature
+        self.last_hidden = (
+            torch.cat(kept, dim=-1) if kept else residual if w.hidden_norm is not None else x
+        )
         logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
         return logits if self.comm is None else self.comm.gather_last(logits)
 

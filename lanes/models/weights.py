@@ -179,11 +179,21 @@ class DecoderWeights:
     # EAGLE-style drafters: [hidden, 2 * hidden] mixes each row's token embedding with the
     # target's feature for that row (drafter/eagle.py); None for ordinary decoders
     fuse: torch.Tensor | None = None
+    # EAGLE-3 heads (drafter/eagle3_format.py): the first layer's attention reads
+    # [input_norm(token embedding), hidden_norm(feature)], 2 * hidden wide, and the residual
+    # stream starts at the feature itself (at its norm with `norm_before_residual`)
+    hidden_norm: torch.Tensor | None = None
+    norm_before_residual: bool = False
+
+    @property
+    def reads_features(self) -> bool:
+        """A drafter's decoder: each row reads a target feature beside its token."""
+        return self.fuse is not None or self.hidden_norm is not None
 
     def _distinct(self) -> list[torch.Tensor | PackedWeight]:
         """Every weight once (a tied LM head is the embedding)."""
         seen, out = set(), []
-        tensors = [self.embed, self.norm, self.lm_head, self.fuse]
+        tensors = [self.embed, self.norm, self.lm_head, self.fuse, self.hidden_norm]
         for layer in self.layers:
             tensors += [t for t in vars(layer).values() if not isinstance(t, DeltaNetWeights)]
             if layer.deltanet is not None:
