@@ -31,6 +31,7 @@ def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Propos
             raise ValueError(f"--drafter {spec}: expected ngram:MIN-MAX, e.g. ngram:1-3") from e
     from lanes.drafter.eagle import EagleDrafter, is_eagle_dir
 
+    spec = _hub_head(spec)
     if is_eagle_dir(spec):
         return EagleDrafter(spec, target, config)
     head, plus, lookup = spec.rpartition("+")
@@ -46,3 +47,22 @@ def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Propos
     return ModelDrafter(
         with_shared_tensors(open_checkpoint(spec), target), target.tokenizer, config
     )
+
+
+def _hub_head(spec: str) -> str:
+    """A repo id naming a published EAGLE-3 head -> its local snapshot (fetched once; the
+    original releases ship pytorch_model.bin, fetched where no safetensors came); anything else
+    as given."""
+    from pathlib import Path
+
+    from lanes.drafter.eagle3_format import is_eagle3_dir
+    from lanes.models.resolve import fetch_file, hub_snapshot, is_repo_id
+
+    if Path(spec).exists() or not is_repo_id(spec):
+        return spec
+    local = hub_snapshot(spec)
+    if not is_eagle3_dir(local):
+        return spec  # a draft model: opened as a checkpoint
+    if not (local / "model.safetensors").is_file():
+        fetch_file(spec, "pytorch_model.bin")
+    return str(local)

@@ -16,6 +16,8 @@ _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
 _BYTES = re.compile(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
 SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max",
                     "prompt_lookup_min")  # fmt: skip
+# "eagle"/"eagle3": a `lanes distill` head or a published EAGLE-3 head; "draft_model": a model
+_SPECULATIVE_METHODS = (None, "ngram", "[ngram]", "eagle", "eagle3", "draft_model")
 _ACTIVATION_MARGIN = 2**30  # bytes left for activations and CUDA graphs
 
 
@@ -54,6 +56,11 @@ def speculative_options(text: str) -> tuple[str, int | None]:
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
         raise ValueError(f"--speculative-config: num_speculative_tokens must be >= 0, got {k!r}")
     method, model = spec.get("method"), spec.get("model")
+    if method not in _SPECULATIVE_METHODS:
+        raise ValueError(
+            f"--speculative-config: method {method!r} is not served by lanes; it serves "
+            + ", ".join(m for m in _SPECULATIVE_METHODS if m)
+        )
     lookup = [spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")]
     if method in ("ngram", "[ngram]"):
         if model is not None:

@@ -379,3 +379,26 @@ def test_a_published_head_in_device_rounds(target, tmp_path, broken):
     text = got.prompt_ids + got.token_ids
     same = [drafts == reference_drafts(t, model, text[:first], K) for first, drafts in rounds]
     assert not all(same) if broken else all(same)
+
+
+def test_a_repo_id_names_a_cached_head(target, tmp_path, monkeypatch):
+    """`--drafter org/name` of an EAGLE-3 head in the Hugging Face cache (offline): its snapshot
+    is loaded as the head; the original release's pytorch_model.bin is read as well."""
+    from huggingface_hub import constants
+    from safetensors.torch import load_file
+
+    target_dir, model = target
+    commit = "0" * 40
+    snapshot = tmp_path / "hub" / "models--org--eagle3-head" / "snapshots" / commit
+    write_head(snapshot, model)
+    tensors = load_file(str(snapshot / "model.safetensors"))
+    (snapshot / "model.safetensors").unlink()
+    torch.save(tensors, snapshot / "pytorch_model.bin")
+    refs = tmp_path / "hub" / "models--org--eagle3-head" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    engine = build_engine(str(target_dir), EngineConfig(drafter="org/eagle3-head"))
+    assert engine.proposer.source == str(snapshot)
+    assert engine.proposer.target_features_prenorm

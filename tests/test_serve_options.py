@@ -32,6 +32,7 @@ def test_speculative_config():
         ("{", "not JSON"),
         ("[1]", "JSON object"),
         ('{"method": "eagle3"}', "needs"),
+        ('{"method": "medusa", "model": "m"}', "method 'medusa' is not served"),
         ('{"method": "ngram", "prompt_lookup_max": 0}', "whole numbers >= 1"),
         ('{"model": "d", "prompt_lookup_max": 4}', "go with method 'ngram'"),
         ('{"method": "ngram", "prompt_lookup_cap": 4}', "unsupported keys"),

