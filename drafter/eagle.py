@@ -143,15 +143,48 @@ def load_eagle_decoder(path: Path, target: Checkpoint, config: EngineConfig) -> 
 class _Shadow:
     """The drafter's view of a lane: row r holds the token at r + 1, so the drafter knows one row
     fewer than the lane has tokens. `features` are the target's, for the rows from
-    `num_computed` on."""
+    `num_computed` on, at the head's width.
 
-    def __init__(self, lane: LaneView, block_size: int) -> None:
+    The target's rows arrive after every forward (`add`) but are mapped to the head's width
+    (`reduce`) only when read, all pending rows in one call: most rounds of a lane that drafts
+    little never read them, and the row-independent linear gives each row the same bits however
+    many rows it is computed with."""
+
+    def __init__(self, lane: LaneView, block_size: int, reduce) -> None:
         self.lane = lane
         self.block_table = BlockTable(block_size)
         self.num_computed = 0
-        self.features: torch.Tensor | None = None  # [rows from num_computed, hidden]
+        self._features: torch.Tensor | None = None  # [rows from num_computed, hidden]
+        self._arrived: list[torch.Tensor] = []  # the target's rows after those, not yet reduced
+        self._num_arrived = 0
+        self._reduce = reduce
         self.zero_blocks: set[int] = set()  # blocks with rows computed from zero features
         self.num_published = 0  # leading blocks offered to the drafter's cache
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        if self._arrived:
+            rows = self._reduce(
+                torch.cat(self._arrived) if len(self._arrived) > 1 else self._arrived[0]
+            )
+            old = self._features
+            self._features = rows if old is None or not len(old) else torch.cat([old, rows])
+            self._arrived, self._num_arrived = [], 0
+        return self._features
+
+    @features.setter
+    def features(self, rows: torch.Tensor | None) -> None:
+        self._features, self._arrived, self._num_arrived = rows, [], 0
+
+    @property
+    def num_pending(self) -> int:
+        """Rows from num_computed whose target features the drafter holds."""
+        return (0 if self._features is None else len(self._features)) + self._num_arrived
+
+    def add(self, rows: torch.Tensor) -> None:
+        """The target's features of the next rows (copied: the forward's buffer is reused)."""
+        self._arrived.append(rows.clone())
+        self._num_arrived += len(rows)
 
     @property
     def slot(self) -> int:  # the drafter's runner keeps its blocks in the lane's slot
@@ -214,7 +247,7 @@ class EagleDrafter(Proposer):
     def _shadow(self, lane: LaneView) -> _Shadow:
         shadow = self.shadows.get(lane.request_id)
         if shadow is None:
-            shadow = _Shadow(lane, self.config.block_size)
+            shadow = _Shadow(lane, self.config.block_size, self._to_head_width)
             self.shadows[lane.request_id] = shadow
             # the drafter's own cached blocks for the prefix the target found cached, leaving
             # at least its newest known row to compute (propose needs that row's logits)
@@ -257,20 +290,22 @@ class EagleDrafter(Proposer):
         shadow.block_table.append(self.cache.allocate(need))
         return True
 
+    def _to_head_width(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's features at the drafter's width and dtype (`reduce` maps several
+        layers' features to one)."""
+        hidden = hidden.to(self._zero.dtype)
+        return hidden if self.reduce is None else self.ops.linear(hidden, self.reduce)
+
     def observe(self, lane: LaneView, start: int, hidden: torch.Tensor) -> None:
-        if self.reduce is not None:  # the target's feature layers -> the drafter's width
-            hidden = self.ops.linear(hidden.to(self._zero.dtype), self.reduce)
         shadow = self._shadow(lane)
-        have = shadow.num_computed + (0 if shadow.features is None else len(shadow.features))
-        if start > have:  # positions the drafter never saw: zeros
+        have = shadow.num_computed + shadow.num_pending
+        if start > have:  # positions the drafter never saw: zeros (reduced: zeros still)
             shadow.mark_zero(have, start)
-            gap = self._zero.expand(start - have, -1)
-            hidden = torch.cat([gap, hidden])
+            hidden = torch.cat([hidden.new_zeros((start - have, hidden.shape[1])), hidden])
             start = have
-        new = hidden[have - start :].to(self._zero.dtype, copy=True)
+        new = hidden[have - start :]
         if len(new):
-            old = shadow.features
-            shadow.features = new if old is None or not len(old) else torch.cat([old, new])
+            shadow.add(new.to(self._zero.dtype))
 
     def prefill(self, chunks: Sequence[Chunk]) -> None:
         """Catch up on prompt chunks in the same round, leaving the newest row to `propose`
@@ -391,19 +426,14 @@ class EagleDrafter(Proposer):
             cap = min(runner.decoder.cfg.max_position_embeddings, positions)
             return Side(runner.decoder, runner.kv, positions, cap)
 
-        dtype = self._zero.dtype
-
-        def reduce(features: torch.Tensor) -> torch.Tensor:
-            if self.reduce is None:
-                return features.to(dtype)
-            return self.ops.linear(features.to(dtype), self.reduce)
-
         def sample(logits: torch.Tensor, positions: torch.Tensor, params) -> torch.Tensor:
             # each lane's own sampling, with the noise of the position the draft will stand at
             return sample_with(self._full_logits(logits).contiguous(), params, positions)[0]
 
         pool = target.graphs.pool if graphed else None
-        return DeviceRounds(side(target), side(self.runner), self, num_drafts, sample, reduce, pool)
+        return DeviceRounds(
+            side(target), side(self.runner), self, num_drafts, sample, self._to_head_width, pool
+        )
 
     def device_seed(self, lane: LaneView, max_rows: int):
         """Where the lane's device rounds can start (lanes.device_rounds.Seed): the rows the

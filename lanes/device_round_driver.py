@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from lanes.draft_costs import DEVICE_MEASURE, DEVICE_PAUSE, DEVICE_STALE, DeviceRoundCosts
-from lanes.drafting import Drafting, record_verify
+from lanes.drafting import Drafting
 from lanes.lane import Lane, LaneState
 from lanes.output import Completion, Output
 from lanes.round_book import RoundBook
@@ -190,7 +190,7 @@ class DeviceRoundDriver:
                         f"newest token is at {lane.num_known - 1}"
                     )
                 lane.num_sampling_steps += 1
-                record_verify(lane, dr.k, r.accepted)
+                self.drafting.record_verify(lane, dr.k, r.accepted)
                 dr.drafter.device_settle(lane, r.verify_start)
                 for token, logprob in r.emitted:
                     self.output.append(lane, token, logprob, None, now)

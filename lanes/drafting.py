@@ -8,7 +8,10 @@ Contract:
   It changes speed only: coupled verification gives the same tokens for any k.
 - `fill(plan)` turns planned decode steps into verify steps holding the proposer's drafts (host
   ids, or rows still on the device).
-- `record_verify` keeps a lane's draft counts and running acceptance after its verify step.
+- `record_verify` keeps a lane's draft counts and running acceptance after its verify step, and
+  the engine's running acceptance over all lanes: a lane not yet verified drafts by that, so
+  where drafts are seldom kept (a weak head for this model or this traffic) a new request does
+  not spend its first rounds learning it again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lanes.config import EngineConfig
-from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
+from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, REMEASURE_EVERY, DraftCosts
 from lanes.drafter import Proposer
 from lanes.lane import Lane
 from lanes.lane_view import Chunk
@@ -28,6 +31,7 @@ from lanes.rounds import LaneRound, Step
 
 _EMA = 0.3  # weight of the newest verify step in a lane's running acceptance
 _MIN_USE = 0.2  # draft k tokens while the k-th one still has this chance of being kept
+_PRIOR_EMA = 0.1  # weight of a verify step in the engine's running acceptance (all lanes)
 
 
 class Drafting:
@@ -52,10 +56,14 @@ class Drafting:
         self.cost_aware = cost_aware
         self.device_drafts = device_drafts
         self.costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
+        self.acceptance_prior = Lane.acceptance_ema  # running acceptance over all lanes
         self.forward_measured_at = 0  # metrics.num_rounds at the last plain round measured
         # device rounds could start at the round being planned: they judge their own cost, so
         # cost-aware k does not stop drafting then
         self.device_due = False
+        # the drafter may skip prompt chunks while drafting cannot pay (`prefill`); not where
+        # device rounds may run, which start from the drafter's computed rows
+        self.lazy_prefill = True
 
     @property
     def observing(self) -> bool:
@@ -70,6 +78,8 @@ class Drafting:
         if not self.drafting(lane):
             return 0
         room = self.max_len(lane) - lane.num_known - 1  # the target always adds one token
+        if not lane.num_verify_steps:  # nothing of its own measured yet
+            lane.acceptance_ema = self.acceptance_prior
         k = self.config.num_draft_tokens
         if self.config.adaptive_drafts:
             k = choose_num_drafts(lane.acceptance_ema, k)
@@ -85,9 +95,14 @@ class Drafting:
             return 0  # this round measures what a round without drafts costs
         if not costs.measured:
             return k
-        best = costs.best_k(lane.acceptance_ema, k, max(1, num_decoding))
-        if best == 0 and lane.num_sampling_steps % PROBE_EVERY == 0:
-            return 1  # a probe: is this lane's acceptance still too low to pay?
+        lanes = max(1, num_decoding)
+        best = costs.best_k(lane.acceptance_ema, k, lanes)
+        if best == 0 and (
+            lane.num_sampling_steps % PROBE_EVERY == 0
+            if costs.could_pay(k, lanes)
+            else self.metrics.num_rounds % REMEASURE_EVERY == 0
+        ):
+            return 1  # a probe: is this lane's acceptance (or are the costs) still as measured?
         return best
 
     def record_round(self, plan_decode: Sequence[Step], seconds: float, drafter_seconds: float):
@@ -131,8 +146,14 @@ class Drafting:
         self.proposer.propose([s.lane for s in steps], [s.num_drafts for s in steps])
 
     def prefill(self, steps: list[Step]) -> None:
-        """The drafter computes the same prompt chunks, in the same round."""
+        """The drafter computes the same prompt chunks, in the same round; except where drafting
+        could not pay at any acceptance by the measured costs: then it catches up on them when
+        it next drafts (a probe), and not at all for a request that never does."""
         if self.proposer is None:
+            return
+        k = self.config.num_draft_tokens
+        costs = self.costs
+        if self.lazy_prefill and self.cost_aware and costs.measured and not costs.could_pay(k, 1):
             return
         steps = [s for s in steps if self.drafting(s.lane)]
         if steps:
@@ -150,6 +171,13 @@ class Drafting:
     def accepted(self, lane: Lane) -> None:
         if self.proposer is not None:
             self.proposer.accepted(lane)
+
+    def record_verify(self, lane: Lane, num_drafts: int, num_accepted: int) -> None:
+        """The lane's verify step counted, and the engine's running acceptance moved."""
+        record_verify(lane, num_drafts, num_accepted)
+        if num_drafts:
+            kept = num_accepted / num_drafts
+            self.acceptance_prior += _PRIOR_EMA * (kept - self.acceptance_prior)
 
 
 def choose_num_drafts(acceptance: float, max_drafts: int) -> int:

@@ -139,6 +139,7 @@ class Engine:
         if proposer is not None and cfg.device_rounds is not False and self.comm is None:
             eager = bool(cfg.device_rounds)
             device_rounds = proposer.device_rounds(self.runner, cfg.num_draft_tokens, eager)
+        self.drafting.lazy_prefill = device_rounds is None  # device rounds seed from its rows
         self.device_driver = DeviceRoundDriver(
             device_rounds, self.scheduler, self.output, self.drafting, self.verifier, self.book,
             overlap=overlap, **hooks,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lanes.drafting import Drafting, record_verify
+from lanes.drafting import Drafting
 from lanes.inflight import InFlight, launch_samples
 from lanes.isolation import fill_isolated, isolated
 from lanes.lane import LaneState
@@ -163,7 +163,7 @@ class RoundExecution:
         lane = s.lane
         lane.num_sampling_steps += 1
         if s.draft_ids:
-            record_verify(lane, len(s.draft_ids), len(emitted) - 1)
+            self.drafting.record_verify(lane, len(s.draft_ids), len(emitted) - 1)
         lane.state = LaneState.DECODE
         for token, logprob, top in emitted:
             self.output.append(lane, token, logprob, top, now)

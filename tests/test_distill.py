@@ -413,3 +413,37 @@ def test_shipped_drafter_for_the_default_model():
     assert tokens_per_verify(str(shipped), greedy, blind=True) < head - 0.3
     seeded = [SamplingParams(max_tokens=48, temperature=0.7, seed=5 + i) for i in range(2)]
     assert tokens_per_verify(f"{shipped}+ngram", seeded) > 1.4  # n-gram alone: 1.12
+
+
+def test_a_head_that_skipped_the_prompt_catches_up_exactly(tiny_models, tmp_path):
+    """While drafting cannot pay at any acceptance (costs set so), the head skips the prompt's
+    chunks; when it next drafts it catches up on every skipped row, and its drafts are still
+    exactly the training passes over the whole text."""
+    from lanes.draft_costs import DraftCosts
+
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    head = _random_head(target_dir, out, 256, (0, 1))
+    cfg = EngineConfig(drafter=str(out), num_draft_tokens=3, cost_aware_drafts=True)
+    engine = build_engine(str(target_dir), cfg)
+    engine.drafting.costs = DraftCosts(forward=1.0, per_draft=1.0, per_draft_step=1.0)
+    engine.drafting.num_drafts = lambda lane, n: 3 if lane.num_known % 5 == 0 else 0
+    prefilled, seen = [], []
+    prefill, propose = engine.proposer.prefill, engine.proposer.propose
+    engine.proposer.prefill = lambda chunks: (prefilled.append(len(chunks)), prefill(chunks))
+
+    def recording(lanes, num_drafts):
+        drafts = propose(lanes, num_drafts)
+        seen.append((lanes[0].all_ids(), drafts[0].host_ids()))
+        return drafts
+
+    engine.proposer.propose = recording
+    prompt = "one two three four five six seven eight nine ten"
+    (got,) = engine.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))
+    assert not prefilled and len(seen) >= 2
+    scorer = build_engine(str(target_dir))
+    scorer.runner.decoder.feature_layers = (0, 1)
+    for known, drafts in seen:
+        assert drafts == _training_drafts(head, scorer, known, drafts)
+    (plain,) = scorer.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))
+    assert got.token_ids == plain.token_ids

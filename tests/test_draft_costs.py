@@ -12,6 +12,7 @@ import pytest
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.draft_costs import DraftCosts
 from lanes.drafter.replay import ReplayProposer
+from tests.test_engine_parts import make_lane
 
 
 def test_best_k_follows_costs_and_acceptance():
@@ -108,3 +109,59 @@ def test_device_rounds_are_judged_against_a_plain_round():
     assert paying.verdict(forward=1.0, stale=True) == "measure"  # plain time measured long ago
     assert paying.verdict(forward=0.5) == "pause"  # plain rounds of 0.5 ms would be faster
     assert paying.verdict(forward=0.62) == "go"  # within the margin: keep going
+
+
+def test_could_pay_is_whether_perfect_acceptance_would():
+    assert DraftCosts(forward=10e-3, per_draft=1e-3, per_draft_step=1e-3).could_pay(4, 1)
+    # the CPU's exact kernels: a verified draft and a drafter step each near half a forward
+    cpu = DraftCosts(forward=9.4e-3, per_draft=4.2e-3, per_draft_step=8.3e-3)
+    assert not cpu.could_pay(4, 1) and cpu.best_k(1.0, 4, 1) == 0
+
+
+class _Probed(ReplayProposer):
+    prefilled = 0
+
+    def prefill(self, chunks):
+        self.prefilled += len(chunks)
+
+
+def _lone_lane_drafting(costs, num_rounds, steps):
+    """Drafting's choice for a lane that has drafted before, at engine round `num_rounds` and
+    the lane's `steps`-th sampling step."""
+    from lanes.drafting import Drafting
+    from lanes.metrics import EngineMetrics
+
+    metrics = EngineMetrics()
+    metrics.num_rounds = num_rounds
+    drafting = Drafting(EngineConfig(num_draft_tokens=4), _Probed({}, 1.0, 8), metrics,
+                        lambda lane: 10_000, lambda: 0.0, cost_aware=True, device_drafts=False)  # fmt: skip
+    drafting.costs = costs
+    lane = make_lane(0, [1, 2, 3], max_tokens=100)
+    lane.num_verify_steps, lane.acceptance_ema, lane.num_sampling_steps = 3, 0.1, steps
+    return drafting, drafting.num_drafts(lane, 1)
+
+
+def test_probes_only_where_some_acceptance_would_pay():
+    """A lane whose drafts do not pay probes one draft every 16 of its steps where a better
+    acceptance would pay; where none would, only every 256th engine round (the costs re-measured)."""
+    from lanes.draft_costs import PROBE_EVERY, REMEASURE_EVERY
+
+    could = DraftCosts(forward=10e-3, per_draft=1e-3, per_draft_step=1e-3)
+    never = DraftCosts(forward=9.4e-3, per_draft=4.2e-3, per_draft_step=8.3e-3)
+    assert _lone_lane_drafting(could, 5, PROBE_EVERY)[1] == 1
+    assert _lone_lane_drafting(could, 5, PROBE_EVERY + 1)[1] == 0
+    assert _lone_lane_drafting(never, 5, PROBE_EVERY)[1] == 0  # a probe could not change it
+    assert _lone_lane_drafting(never, REMEASURE_EVERY * 3, 7)[1] == 1
+
+
+def test_the_drafter_skips_prompt_chunks_only_while_drafting_cannot_pay():
+    from lanes.rounds import Step
+
+    never = DraftCosts(forward=9.4e-3, per_draft=4.2e-3, per_draft_step=8.3e-3)
+    could = DraftCosts(forward=10e-3, per_draft=1e-3, per_draft_step=1e-3)
+    for costs, lazy, expected in [(never, True, 0), (could, True, 1), (never, False, 1)]:
+        drafting, _ = _lone_lane_drafting(costs, 5, 1)
+        drafting.lazy_prefill = lazy  # False: device rounds may run, which seed from its rows
+        lane = make_lane(1, [1, 2, 3])
+        drafting.prefill([Step(lane, 0, 3)])
+        assert drafting.proposer.prefilled == expected, (costs, lazy)

@@ -230,6 +230,25 @@ def test_draft_slots_stay_within_what_the_lane_may_emit():
     assert drafting.num_drafts(lane, 1) == 0  # "draft": false
 
 
+def test_a_new_lane_drafts_by_the_engines_running_acceptance():
+    """Lanes whose drafts are seldom kept move the engine's running acceptance down, and a lane
+    with no verify of its own drafts by it (without it: k 4 again for every new request)."""
+    scheduler, _, metrics = parts()
+    cfg = EngineConfig(block_size=BS, num_draft_tokens=4)
+    drafting = Drafting(cfg, Fixed(), metrics, scheduler.max_len, lambda: 0.0,
+                        cost_aware=False, device_drafts=True)  # fmt: skip
+    first = running_lane(scheduler, max_tokens=40)
+    assert drafting.num_drafts(first, 1) == 4  # nothing measured: the optimistic start
+    for _ in range(30):
+        drafting.record_verify(first, 4, 0)
+    later = make_lane(1, [1, 2, 3], max_tokens=40)
+    assert drafting.num_drafts(later, 1) == 1
+    assert drafting.acceptance_prior < 0.1
+    for _ in range(5):  # then its own verify steps decide
+        drafting.record_verify(later, 1, 1)
+    assert drafting.num_drafts(later, 1) > 1
+
+
 def test_adaptive_k_follows_acceptance_and_records_per_position():
     assert [choose_num_drafts(a, 4) for a in (0.0, 0.5, 0.8, 1.0)] == [1, 2, 4, 4]
     lane = make_lane(0, [1])

@@ -1,0 +1,145 @@
+"""Does drafting pay at every concurrency? `make serve`'s configuration, everyday questions.
+
+    python -m bench.drafters.concurrency [--model M] [--drafter D] [--device cpu]
+        [--concurrency 1,4] [--prompts 8] [--new-tokens 64] [--passes 2]
+
+One engine (the default model and `make serve`'s drafter unless told otherwise); the held-out
+everyday questions (bench/data/everyday_prompts.json, never read by `lanes distill`) in groups
+of `concurrency` sent together, greedy. Each pass runs every group drafted and with
+`draft: false` on the same engine, the order alternating from pass to pass. Reports per
+concurrency: output tok/s of both (each pass), the median speedup, the share of output tokens
+that came from accepted drafts, tokens per verify, and at concurrency 1 the worst single
+prompt's speedup (median over passes). Every drafted output is checked against its undrafted
+one. Writes bench/results/drafters-concurrency-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench import RESULTS
+from lanes import EngineConfig, SamplingParams, build_engine
+
+SHIPPED = "drafter/weights/smollm2-135m-instruct+ngram"  # what `make serve` passes
+EVERYDAY = Path(__file__).resolve().parents[1] / "data" / "everyday_prompts.json"
+
+
+def everyday(count: int) -> list[list[dict]]:
+    """`count` held-out questions, spread over the categories."""
+    prompts = json.loads(EVERYDAY.read_text())["prompts"]
+    step = max(1, len(prompts) // count)
+    return [p["messages"] for p in prompts[::step][:count]]
+
+
+def run_groups(engine, chats, concurrency, params):
+    """Groups of `concurrency` chats sent together, one group after another: (seconds, the
+    completions, each group's seconds)."""
+    outs, times = [], []
+    start = time.perf_counter()
+    for i in range(0, len(chats), concurrency):
+        t0 = time.perf_counter()
+        outs += engine.generate(chats[i : i + concurrency], params)
+        times.append(time.perf_counter() - t0)
+    return time.perf_counter() - start, outs, times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--drafter", default=SHIPPED)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--cost-aware", choices=["on", "off"], default="on")
+    args = ap.parse_args()
+    cfg = EngineConfig(
+        device=args.device, drafter=args.drafter, cost_aware_drafts=args.cost_aware == "on"
+    )
+    engine = build_engine(args.model, cfg)
+    chats = everyday(args.prompts)
+    drafted = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    plain = dataclasses.replace(drafted, draft=False)
+    # warm-up: kernels built, and every prompt in the prompt cache, so that both modes find
+    # the same cached prefixes (the comparison is of the decode rounds)
+    engine.generate(chats[:2], drafted)
+    run_groups(engine, chats, 1, plain)
+    rows = []
+    for c in [int(x) for x in args.concurrency.split(",")]:
+        passes, mismatches = [], 0
+        for p in range(args.passes):
+            order = [("drafted", drafted), ("plain", plain)]
+            result = {}
+            for name, params in order if p % 2 == 0 else order[::-1]:
+                seconds, outs, times = run_groups(engine, chats, c, params)
+                tokens = sum(len(o.token_ids) for o in outs)
+                result[name] = {
+                    "tok_s": tokens / seconds,
+                    "outs": outs,
+                    "group_seconds": times,
+                }
+            d, u = result["drafted"], result["plain"]
+            mismatches += sum(
+                a.token_ids != b.token_ids for a, b in zip(d["outs"], u["outs"], strict=True)
+            )
+            tokens = sum(len(o.token_ids) for o in d["outs"])
+            verifies = sum(o.num_target_steps for o in d["outs"])
+            passes.append(
+                {
+                    "drafted_tok_s": round(d["tok_s"], 1),
+                    "plain_tok_s": round(u["tok_s"], 1),
+                    "speedup": round(d["tok_s"] / u["tok_s"], 3),
+                    "share_from_drafts": round(sum(o.num_accepted for o in d["outs"]) / tokens, 3),
+                    "tokens_per_verify": round(tokens / max(1, verifies), 3),
+                    "per_group_speedup": [
+                        round(b / a, 3)
+                        for a, b in zip(d["group_seconds"], u["group_seconds"], strict=True)
+                    ],
+                }
+            )
+        row = {
+            "concurrency": c,
+            "passes": passes,
+            "median_speedup": round(statistics.median(p["speedup"] for p in passes), 3),
+            "drafted_equals_undrafted": f"{len(chats) * args.passes - mismatches}"
+            f"/{len(chats) * args.passes}",
+        }
+        if c == 1:
+            per_prompt = [
+                statistics.median(p["per_group_speedup"][i] for p in passes)
+                for i in range(len(chats))
+            ]
+            worst = min(range(len(chats)), key=per_prompt.__getitem__)
+            row["worst_prompt"] = {
+                "speedup": round(per_prompt[worst], 3),
+                "question": chats[worst][-1]["content"][:80],
+            }
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "passes"}), flush=True)
+    out = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "device": args.device,
+        "model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF)",
+        "drafter": args.drafter,
+        "cost_aware_drafts": args.cost_aware == "on",
+        "prompts": len(chats),
+        "new_tokens": args.new_tokens,
+        "greedy": True,
+        "rows": rows,
+    }
+    path = RESULTS / f"drafters-concurrency-{args.device}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
