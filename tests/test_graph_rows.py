@@ -50,7 +50,7 @@ def test_chain_layout_steps_lanes_and_padding():
     forwards repeat position 2 and write to the scratch slot), and two padding lanes; kv_slots
     entries are set once and only where they are not already right."""
     slots = LaneSlots(lanes=4, max_ctx=8, scratch=99, device="cpu")
-    chain = _Chain(lanes=4, tokens=2, num_steps=3, slots=slots, fuse=None)
+    chain = _Chain(lanes=4, tokens=2, num_steps=3, slots=slots, feature_row=None)
     a, b = _Lane(list(range(10, 16)), [7, 2], slot=0), _Lane([20, 21, 22], [5], slot=1)
     tables = BlockTables(4, max_blocks=2, device="cpu")
     steps = [Step(a, 4, 6), Step(b, 1, 3)]
@@ -69,7 +69,7 @@ def test_chain_layout_steps_lanes_and_padding():
     assert slots.rows[:2] == [([7, 2], 8), ([5], 3)] and slots.rows[2:] == [None, None]
     # one position on, inside what the rows hold: only the padding lanes' entries again, and
     # another chain of the same lane bucket shares what this one wrote
-    other = _Chain(lanes=4, tokens=1, num_steps=2, slots=slots, fuse=None)
+    other = _Chain(lanes=4, tokens=1, num_steps=2, slots=slots, feature_row=None)
     steps = [Step(a, 6, 7, pending_row=0), Step(b, 2, 3)]
     rest = _layout(other, steps, [2, 1], tables)[4 * 3 + 2 * 1 * 4 + 2 * 2 * 4 :]
     assert rest[: len(rest) // 2] == [16, 24]
