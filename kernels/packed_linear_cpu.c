@@ -22,7 +22,7 @@
 #include "vector_cpu.h"
 
 #define ROWS 6        /* rows that share one dequantized weight vector */
-#define COLS 2        /* columns that share one input vector */
+#define COLS 1        /* columns that share one input vector (tile() takes up to COLS) */
 #define COLUMN_TILE 8 /* output columns per unit of thread work */
 
 /* A group's 32-input chunk of weights, scale * code + bias: w0 for the 16 low nibbles of 16
@@ -106,18 +106,19 @@ static inline __attribute__((always_inline)) void tile(
              valid_cols, out, out_stride);                                                      \
     }
 TILE(1, 1)
-TILE(2, 2)
-TILE(3, 2)
-TILE(4, 2)
-TILE(5, 2)
-TILE(6, 2)
+TILE(2, 1)
+TILE(3, 1)
+TILE(4, 1)
+TILE(5, 1)
+TILE(6, 1)
 typedef void (*tile_fn)(const float *, int64_t, int, int64_t, const uint8_t *, int64_t,
                         const float *, const float *, int64_t, int, float *, int64_t);
-/* one row alone walks one column at a time: the codes are then one forward stream, which the
- * prefetcher keeps up with best; with more rows, two columns share each input vector */
-static const tile_fn TILES[ROWS + 1] = {0, tile_1x1, tile_2x2, tile_3x2, tile_4x2, tile_5x2,
-                                        tile_6x2};
-static const int TILE_COLS[ROWS + 1] = {0, 1, 2, 2, 2, 2, 2};
+/* every tile walks one column: its codes are then one forward stream, which the prefetcher
+ * keeps up with best; the rows share each dequantized chunk. Two columns per tile (sharing an
+ * input vector) made a verify's rows dearer: the default model's 8-bit LM head took 2.45 ms
+ * for 2 rows against 1.47 ms one column at a time (bench/NOTES.md, twentieth session). */
+static const tile_fn TILES[ROWS + 1] = {0, tile_1x1, tile_2x1, tile_3x1, tile_4x1, tile_5x1,
+                                        tile_6x1};
 
 /* x [m, k] -> xs [m, k] in code order (see tile). With glu, x is [m, 2k], a gate and
  * an up projection side by side, and the input is silu(gate) * up (the MLP's down projection). */
@@ -164,12 +165,10 @@ int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uin
         const int64_t last = first + COLUMN_TILE < n ? first + COLUMN_TILE : n;
         for (int64_t r = 0; r < m; r += ROWS) {
             const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
-            for (int64_t c = first; c < last; c += TILE_COLS[rows]) {
-                const int valid = last - c < TILE_COLS[rows] ? (int)(last - c) : TILE_COLS[rows];
+            for (int64_t c = first; c < last; c++)
                 TILES[rows](scratch + r * k, k, bits, group, codes + c * code_stride,
-                            code_stride, scales + c * groups, biases + c * groups, groups,
-                            valid, out + r * n + c, n);
-            }
+                            code_stride, scales + c * groups, biases + c * groups, groups, 1,
+                            out + r * n + c, n);
         }
     }
     free(scratch);
