@@ -35,6 +35,8 @@ def make_proposer(spec: str, config: EngineConfig, target: Checkpoint) -> Propos
     if is_eagle_dir(spec):
         return EagleDrafter(spec, target, config)
     head, plus, lookup = spec.rpartition("+")
+    if plus and lookup == "ngram":
+        head = _hub_head(head)
     if plus and lookup == "ngram" and is_eagle_dir(head):
         from lanes.drafter.hybrid import HybridProposer
         from lanes.drafter.ngram import NgramProposer

@@ -402,3 +402,5 @@ def test_a_repo_id_names_a_cached_head(target, tmp_path, monkeypatch):
     engine = build_engine(str(target_dir), EngineConfig(drafter="org/eagle3-head"))
     assert engine.proposer.source == str(snapshot)
     assert engine.proposer.target_features_prenorm
+    paired = build_engine(str(target_dir), EngineConfig(drafter="org/eagle3-head+ngram"))
+    assert paired.proposer.name == "eagle+ngram" and paired.proposer.head.source == str(snapshot)
