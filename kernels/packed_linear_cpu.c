@@ -31,6 +31,11 @@
  * (one shuffle instead of a conversion and an FMA); the values are the same either way. */
 static inline void dequantize_chunk(const uint8_t *p, int bits, f32x16 scale, f32x16 bias,
                                     f32x16 table, f32x16 *w0, f32x16 *w1) {
+    if (bits == 32) { /* float32 weights as they are (an EAGLE head's own linears) */
+        *w0 = load16((const float *)p);
+        *w1 = load16((const float *)p + 16);
+        return;
+    }
 #if defined(__AVX512F__)
     const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     if (bits == 4) {
@@ -77,8 +82,8 @@ static inline __attribute__((always_inline)) void tile(
     for (int64_t i = 0; i < k; i += 32) {
         f32x16 w0[COLS], w1[COLS];
         for (int c = 0; c < cols; c++) {
-            const f32x16 scale = (f32x16){0} + scales[col[c] * groups + g];
-            const f32x16 bias = (f32x16){0} + biases[col[c] * groups + g];
+            const f32x16 scale = (f32x16){0} + (bits == 32 ? 1.0f : scales[col[c] * groups + g]);
+            const f32x16 bias = (f32x16){0} + (bits == 32 ? 0.0f : biases[col[c] * groups + g]);
             dequantize_chunk(codes + col[c] * code_stride + i * bits / 8, bits, scale, bias,
                              fma16(iota, scale, bias), &w0[c], &w1[c]);
         }
@@ -147,12 +152,13 @@ static void to_code_order(const float *x, float *xs, int64_t m, int64_t k, int b
 
 /* out [m, n] = x [m, k] @ w.T, w [n, k] from codes [n, k * bits / 8], scales and biases
  * [n, k / group]; with glu, x [m, 2k] and the input silu(x[:, :k]) * x[:, k:]. bits 4 or 8;
- * group a multiple of 32 dividing k. Returns 0, -1 for arguments it does not take (the caller
+ * group a multiple of 32 dividing k; bits 32: w itself, float32 [n, k] (scales and biases
+ * unread). Returns 0, -1 for arguments it does not take (the caller
  * checks them first), -2 when out of memory. */
 int lanes_packed_linear(const float *x, int64_t m, int64_t k, int glu, const uint8_t *codes,
                         const float *scales, const float *biases, int64_t n, int bits,
                         int64_t group, float *out) {
-    if ((bits != 4 && bits != 8) || group % 32 != 0 || k % group != 0) return -1;
+    if ((bits != 4 && bits != 8 && bits != 32) || group % 32 != 0 || k % group != 0) return -1;
     if (m == 0) return 0;
     float *scratch = malloc(sizeof(float) * (size_t)(m * k));
     if (scratch == NULL) return -2;

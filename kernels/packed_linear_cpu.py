@@ -90,6 +90,39 @@ def packed_linear(
     return out if bias is None else out + bias
 
 
+def takes_float(weight: torch.Tensor) -> bool:
+    """Whether the kernel serves this float32 weight [n, k] as it is (k a multiple of 32; the
+    kernel built; a CPU tensor laid out row after row)."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and weight.shape[1] % 32 == 0
+        and weight.is_contiguous()
+        and _kernel() is not None
+    )
+
+
+def float_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, glu: bool = False
+) -> torch.Tensor:
+    """x [rows, in] float32 @ weight.T (+ bias) through the same kernel (`takes_float` first):
+    each row's sum the kernel's fixed sequence, the rows sharing each chunk of the weight, so a
+    row's bits never depend on the call's other rows and the weight is read once per 6 rows
+    (a BLAS row tile reads it once per tile). glu as in `packed_linear`."""
+    n, k = weight.shape
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != (2 * k if glu else k):
+        raise ValueError(f"float linear: x {tuple(x.shape)} {x.dtype}, weight [{n}, {k}]")
+    x = x.contiguous()
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    status = _kernel()(
+        x.data_ptr(), x.shape[0], k, glu, weight.data_ptr(), None, None, n, 32, k, out.data_ptr()
+    )
+    if status != 0:
+        raise MemoryError if status == -2 else ValueError(f"float linear: [{n}, {k}]")
+    return out if bias is None else out + bias
+
+
 def ref_packed_linear(
     x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None, glu: bool = False
 ) -> torch.Tensor:

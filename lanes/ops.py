@@ -20,7 +20,7 @@ from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
 from lanes.kernels import attention_cpu, rows_cpu
 from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps, ref_gated_delta_lanes
-from lanes.kernels.packed_linear_cpu import packed_linear, takes
+from lanes.kernels.packed_linear_cpu import float_linear, packed_linear, takes, takes_float
 from lanes.packed import OUT_TILE, PackedWeight
 
 # Rows per BLAS call. MKL takes 1-2 rows down a matrix-vector path and 4 or more down a GEMM
@@ -204,6 +204,18 @@ def _on_packed_kernel(x: torch.Tensor, weight) -> bool:
     return isinstance(weight, PackedWeight) and x.dtype == torch.float32 and takes(weight)
 
 
+def _on_float_kernel(x: torch.Tensor, weight) -> bool:
+    """Whether the same C kernel serves this float32 weight as it is: a row's bits never depend
+    on the call's other rows, and rows share each chunk of the weight (2-4x faster than the
+    BLAS row tiles below on the dev box at 1 to 64 rows: bench/NOTES.md, twentieth session)."""
+    return (
+        isinstance(weight, torch.Tensor)
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and takes_float(weight)
+    )
+
+
 class ExactOps(Ops):
     name = "exact"
     is_batch_invariant = True
@@ -211,11 +223,15 @@ class ExactOps(Ops):
     def linear(self, x, weight, bias=None):
         if _on_packed_kernel(x, weight):
             return packed_linear(x, weight, bias)
+        if _on_float_kernel(x, weight):
+            return float_linear(x, weight, bias)
         return super().linear(x, weight, bias)
 
     def glu_linear(self, gate_up, weight):
         if _on_packed_kernel(gate_up, weight):
             return packed_linear(gate_up, weight, glu=True)  # silu * up as the kernel reads x
+        if _on_float_kernel(gate_up, weight):
+            return float_linear(gate_up, weight, glu=True)
         return super().glu_linear(gate_up, weight)
 
     def _linear(self, x, weight, bias=None):

@@ -209,3 +209,20 @@ def test_gguf_codes_stay_packed_by_default_only_where_the_c_kernel_serves_them()
     assert not keeps_gguf_packed(EngineConfig(kernels="triton"))
     assert not keeps_gguf_packed(EngineConfig(gguf_packed=False))
     assert keeps_gguf_packed(EngineConfig(exact=False, gguf_packed=True))
+
+
+@pytest.mark.skipif(not packed_linear_cpu.available(), reason="the C kernel did not build here")
+def test_float_weights_through_the_kernel_match_float64():
+    """float32 weights as they are (bits 32): the plain product and the MLP's silu(gate) * up
+    input, within float32 rounding of a float64 matmul."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn((70, 96), generator=gen)
+    x = torch.randn((9, 96), generator=gen)
+    got = packed_linear_cpu.float_linear(x, w)
+    torch.testing.assert_close(got, (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn((9, 192), generator=gen)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    want = ((torch.nn.functional.silu(gate) * up) @ w.double().T).float()
+    torch.testing.assert_close(packed_linear_cpu.float_linear(gate_up, w, glu=True), want,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert not packed_linear_cpu.takes_float(w[:, :80])  # k not a multiple of 32

@@ -196,14 +196,20 @@ def test_negative_control_sdpa_rows_change_with_the_chunk():
     assert not _attention_rows_agree(sdpa_attention)
 
 
-@pytest.mark.parametrize("weight_major", [True, False], ids=["weight-major", "rows-major"])
-def test_exact_linear_rows_do_not_depend_on_their_company(monkeypatch, weight_major):
-    """ExactOps' linear, in either form of its 2-row tiles (weight @ tile.T where this machine's
-    BLAS keeps a column's bits, else tile @ weight.T) and for narrow weights (16-row tiles): a
-    row's result is the same bits alone, second in a tile, and among 37 rows."""
+@pytest.mark.parametrize("form", ["c-kernel", "weight-major", "rows-major"])
+def test_exact_linear_rows_do_not_depend_on_their_company(monkeypatch, form):
+    """ExactOps' linear: the C kernel for float32 weights, or where it does not serve, either
+    form of the BLAS 2-row tiles (weight @ tile.T where this machine's BLAS keeps a column's
+    bits, else tile @ weight.T) and for narrow weights (16-row tiles): a row's result is the same
+    bits alone, second in a tile, and among 37 rows."""
     import lanes.ops as ops
+    from lanes.kernels.packed_linear_cpu import available
 
-    monkeypatch.setattr(ops, "WEIGHT_MAJOR", weight_major)
+    if form == "c-kernel" and not available():
+        pytest.skip("the C kernel did not build here")
+    if form != "c-kernel":
+        monkeypatch.setattr(ops, "_on_float_kernel", lambda x, w: False)
+    monkeypatch.setattr(ops, "WEIGHT_MAJOR", form == "weight-major")
     gen = torch.Generator().manual_seed(5)
     x = torch.randn((37, 96), generator=gen)
     for n in (1, 7, 130, 512):
@@ -223,4 +229,5 @@ def test_weight_major_tiles_only_where_the_probe_keeps_a_columns_bits(monkeypatc
     x, w = torch.randn((4, 64), generator=gen), torch.randn((16, 64), generator=gen)
     rows_major = torch.cat([torch.nn.functional.linear(x[i : i + 2], w) for i in (0, 2)])
     monkeypatch.setattr(ops, "weight_major_is_invariant", lambda *shape: False)
+    monkeypatch.setattr(ops, "_on_float_kernel", lambda x, w: False)  # the BLAS fallback
     assert torch.equal(ops.ExactOps().linear(x, w), rows_major)
