@@ -23,6 +23,8 @@ from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps, ref_gat
 from lanes.kernels.packed_linear_cpu import float_linear, packed_linear, takes, takes_float
 from lanes.packed import OUT_TILE, PackedWeight
 
+# The BLAS row tiles below serve what the C kernel does not (`_on_float_kernel`: float32 weights
+# whose inputs are a multiple of 32, where the kernel built): other dtypes, odd widths, no compiler.
 # Rows per BLAS call. MKL takes 1-2 rows down a matrix-vector path and 4 or more down a GEMM
 # whose cost hardly falls with fewer rows, so a decode row padded to 16 rows paid several times
 # over in its linears. Two rows (bench_generate --row-tiles 16,2, dev box, default model): 8.9 ->
