@@ -8,7 +8,10 @@ identical everywhere, a block rank 0 publishes to the prompt cache (cancel_prefi
 of that block on every rank at once: there is no second copy of the cache to keep in step.
 
 Shards: column-parallel q/k/v (by heads, KV heads too) and gate/up (by intermediate), row-parallel
-o and down (by input), vocab-parallel embedding and LM head. Exact mode needs reductions whose
+o and down (by input), vocab-parallel embedding and LM head. Mixture-of-experts layers: every
+expert (and the shared one) split by its intermediate width like a dense MLP, the router whole on
+every rank, so every rank routes a token alike and the weighted sum of its experts is a partial
+sum like a dense down projection's. Exact mode needs reductions whose
 order never depends on the number of tokens: `Comm.all_reduce` gathers every rank's partial and
 sums them in rank order (collectives pick their own algorithms by message size; this does not).
 The drafter runs on rank 0 alone, unsharded: drafters are small, and their tokens only need to
@@ -25,7 +28,7 @@ import torch.distributed as dist
 
 from lanes.batch import unpack_batch
 from lanes.config import ConfigError, ModelConfig
-from lanes.models.weights import DecoderWeights, LayerWeights
+from lanes.models.weights import DecoderWeights
 from lanes.packed import PackedWeight
 
 
@@ -57,22 +60,17 @@ class Comm:
 
 
 def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
-    if cfg.is_moe:
-        raise ConfigError(f"tensor parallel {world}: mixture-of-experts models run on one GPU")
     if cfg.is_hybrid:
         raise ConfigError(f"tensor parallel {world}: hybrid (DeltaNet) models run on one GPU")
-    for name in ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
+    split = ["num_heads", "num_kv_heads", "intermediate_size", "vocab_size"]
+    if cfg.is_moe:  # every expert split by its intermediate width, as a dense MLP is
+        split += ["moe_intermediate_size", "shared_expert_intermediate_size"]
+    for name in split:
         if getattr(cfg, name) % world:
             raise ConfigError(
                 f"tensor parallel {world}: {name} ({getattr(cfg, name)}) is not divisible"
             )
-    return dataclasses.replace(
-        cfg,
-        num_heads=cfg.num_heads // world,
-        num_kv_heads=cfg.num_kv_heads // world,
-        intermediate_size=cfg.intermediate_size // world,
-        vocab_size=cfg.vocab_size // world,
-    )
+    return dataclasses.replace(cfg, **{name: getattr(cfg, name) // world for name in split})
 
 
 def shard_weights(w: DecoderWeights, cfg: ModelConfig, rank: int, world: int) -> DecoderWeights:
@@ -87,20 +85,31 @@ def shard_weights(w: DecoderWeights, cfg: ModelConfig, rank: int, world: int) ->
         q, k, v = t.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=0)
         return torch.cat([part(q, 0), part(k, 0), part(v, 0)]).contiguous()
 
+    def gate_up_part(t: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
+        """Column-parallel [gate; up] (along `dim`): this rank's gate rows, then its up rows."""
+        if t is None:
+            return None
+        gate, up = t.chunk(2, dim=dim)
+        return torch.cat([part(gate, dim), part(up, dim)], dim=dim).contiguous()
+
+    def row_part(t: torch.Tensor | None, dim: int = 1) -> torch.Tensor | None:
+        return None if t is None else part(t, dim)
+
     layers = []
     for layer in w.layers:
-        gate, up = layer.gate_up.chunk(2, dim=0)
+        # router, its bias and the shared expert's gate stay whole: every rank routes alike
         layers.append(
-            LayerWeights(
-                input_norm=layer.input_norm,
+            dataclasses.replace(
+                layer,
                 qkv=qkv_part(layer.qkv),
                 qkv_bias=qkv_part(layer.qkv_bias) if layer.qkv_bias is not None else None,
-                q_norm=layer.q_norm,
-                k_norm=layer.k_norm,
                 o=part(layer.o, 1),
-                post_norm=layer.post_norm,
-                gate_up=torch.cat([part(gate, 0), part(up, 0)]).contiguous(),
-                down=part(layer.down, 1),
+                gate_up=gate_up_part(layer.gate_up),
+                down=row_part(layer.down),
+                experts_gate_up=gate_up_part(layer.experts_gate_up, 1),  # [E, 2I, hidden]
+                experts_down=row_part(layer.experts_down, 2),  # [E, hidden, I]
+                shared_gate_up=gate_up_part(layer.shared_gate_up),
+                shared_down=row_part(layer.shared_down),
             )
         )
     embed = part(w.embed, 0)

@@ -73,7 +73,7 @@ class Decoder:
                 o = self._reduce(self._attention(x, layer, kv, self.kv_layer[i], batch, cos, sin))
             residual, x = ops.add_rms_norm(o, residual, layer.post_norm, eps)
             if layer.router is not None:
-                down = moe_mlp(ops, x, layer, cfg)
+                down = self._reduce(moe_mlp(ops, x, layer, cfg))
             else:
                 down = self._reduce(ops.glu_linear(ops.linear(x, layer.gate_up), layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
