@@ -148,13 +148,17 @@ def test_bad_expert_layouts_are_refused():
 
 
 def test_what_moe_does_not_support_yet_is_refused(moe, tmp_path):
+    import dataclasses
+
     from lanes.drafter.distill import distill
     from lanes.models import open_checkpoint
     from lanes.parallel import shard_config
 
     cfg = open_checkpoint(str(moe[0])).config
-    with pytest.raises(ConfigError, match="mixture-of-experts"):
-        shard_config(cfg, 2)
+    shard_config(cfg, 2)  # tensor parallel takes MoE now (tests/test_tensor_parallel.py) ...
+    uneven = dataclasses.replace(cfg, moe_intermediate_size=cfg.moe_intermediate_size + 1)
+    with pytest.raises(ConfigError, match="moe_intermediate_size"):  # ... when experts split
+        shard_config(uneven, 2)
     with pytest.raises(ValueError, match="mixture-of-experts target"):
         distill(str(moe[0]), tmp_path / "head", log=lambda m: None)
 
