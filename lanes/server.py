@@ -160,6 +160,23 @@ def build_app(
     async def responses_route(request: Request) -> Response:
         return await handle(request, chat=True, responses=True)
 
+    def check_model(wanted) -> None:
+        if wanted is not None and wanted not in names:
+            raise ApiError(
+                f"model {str(wanted)[:100]!r} is not served here; this server has {served}",
+                "model",
+                404,
+                "not_found_error",
+            )
+
+    def parse_for(body: dict, chat: bool) -> tuple[str | None, ParsedRequest]:
+        """The model asked for (checked) and the parsed request."""
+        wanted = body.get("model")
+        check_model(wanted)
+        native = takes_tools(engine.tokenizer.chat_template)
+        fmt = format_of(tool_call_parser, engine.tokenizer.chat_template)
+        return wanted, parse_request(body, chat, engine.context_len, native, max_logprobs, fmt)
+
     def lanes_for(parsed: ParsedRequest, chat: bool, salt: str) -> list:
         """Every choice's lane, validated and tokenized (off the event loop and the engine)."""
         if chat:
@@ -201,17 +218,7 @@ def build_app(
             body = await read_json(request)
             if responses:
                 raw, body = body, chat_body(body)
-            wanted = body.get("model")
-            if wanted is not None and wanted not in names:
-                raise ApiError(
-                    f"model {str(wanted)[:100]!r} is not served here; this server has {served}",
-                    "model",
-                    404,
-                    "not_found_error",
-                )
-            native = takes_tools(engine.tokenizer.chat_template)
-            fmt = format_of(tool_call_parser, engine.tokenizer.chat_template)
-            parsed = parse_request(body, chat, engine.context_len, native, max_logprobs, fmt)
+            wanted, parsed = parse_for(body, chat)
             warn_unknown(parsed.unknown_fields)
             lanes = await off_loop(lanes_for, parsed, chat, salt)
             scores = None
@@ -254,6 +261,32 @@ def build_app(
             return StreamingResponse(ctx.sse(), media_type="text/event-stream")
         return await ctx.whole(request)
 
+    async def render(request: Request, chat: bool) -> Response:
+        """vLLM's /v1/(chat/)completions/render: the prompt token ids the request would run
+        on, taken in exactly as generating it would (template, tools, truncation), nothing
+        generated. Cache-aware routers (vllm-router) ask it to route by a request's tokens."""
+        try:
+            check_key(request)
+            body = await read_json(request)
+            wanted, parsed = parse_for(body, chat)
+            lanes = await off_loop(lanes_for, parsed, chat, "")
+        except ApiError as e:
+            return error_response(e)
+        except ValueError as e:  # chat template errors and the like: this request's input
+            return error_response(ApiError(str(e)))
+        n = len(parsed.params)
+        rendered = [
+            {"token_ids": list(lanes[k * n].prompt_ids), "model": wanted or model_name}
+            for k in range(len(parsed.prompts))
+        ]
+        return JSONResponse(rendered[0] if chat else rendered)
+
+    async def chat_render(request: Request) -> Response:
+        return await render(request, chat=True)
+
+    async def completions_render(request: Request) -> Response:
+        return await render(request, chat=False)
+
     async def models(request: Request) -> Response:
         try:
             check_key(request)
@@ -267,13 +300,7 @@ def build_app(
         try:
             check_key(request)
             wanted = request.path_params["model_id"]
-            if wanted not in names:
-                raise ApiError(
-                    f"model {wanted[:100]!r} is not served here; this server has {served}",
-                    "model",
-                    404,
-                    "not_found_error",
-                )
+            check_model(wanted)
         except ApiError as e:
             return error_response(e)
         return JSONResponse(model_card(wanted, engine.context_len))
@@ -345,6 +372,8 @@ def build_app(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions/render", completions_render, methods=["POST"]),
+            Route("/v1/chat/completions/render", chat_render, methods=["POST"]),
             Route("/v1/responses", responses_route, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", model_by_id, methods=["GET"]),
