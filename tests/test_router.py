@@ -6,6 +6,7 @@ cached. Plus the render endpoints themselves."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import socket
@@ -49,9 +50,12 @@ def replicas(llama_dir):
 
 @pytest.fixture(scope="module")
 def router(replicas):
+    yield from _router(replicas[0])
+
+
+def _router(workers):
     if not Path(ROUTER).exists():
         pytest.skip("vllm-router is not installed here (a test dependency on Linux x86_64)")
-    workers, _ = replicas
     port = _free_port()
     proc = subprocess.Popen(
         [ROUTER, "--worker-urls", *[w.url for w in workers], "--policy", "cache_aware",
@@ -71,9 +75,11 @@ def router(replicas):
                 proc.kill()
                 raise RuntimeError("vllm-router did not start") from None
             time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _chat(url: str, messages: list[dict], **params) -> dict:
@@ -116,3 +122,33 @@ def test_render_gives_the_prompt_the_request_would_run_on(replicas):
     assert status == 404 and json.loads(body)["error"]["param"] == "model"
     status, body = server.post("/v1/chat/completions/render", {"messages": "not a list"})
     assert status == 400
+
+
+def _finished(server: LiveServer, reason: str) -> float:
+    prefix = f'lanes_requests_total{{finish_reason="{reason}"}}'
+    lines = [x for x in server.get("/metrics").splitlines() if x.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_client_that_leaves_the_router_cancels_its_request_on_the_replica(long_model_dir, stream):
+    """The router closes its connection to the replica when the client goes; lanes ends the
+    request there (finish_reason "abort") instead of generating the rest."""
+    with LiveServer(build_engine(str(long_model_dir), EngineConfig())) as replica:
+        for url in _router([replica]):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "a long story"}],
+                    "max_tokens": 3000, "ignore_eos": True, "stream": stream}  # fmt: skip
+            conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+            conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})  # fmt: skip
+            if stream:
+                conn.getresponse().read(100)  # the stream has started
+            else:
+                time.sleep(1.0)
+            conn.sock.close()
+            conn.close()
+            deadline = time.time() + 30
+            while _finished(replica, "abort") < 1 and time.time() < deadline:
+                time.sleep(0.2)
+            assert _finished(replica, "abort") == 1
+            assert _finished(replica, "length") == 0
