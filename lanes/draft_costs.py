@@ -19,9 +19,7 @@ of decode-only rounds; until a plain and a drafted round have both been measured
 acceptance alone (speculation.choose_num_drafts). A lane that stopped drafting drafts one token
 every PROBE_EVERY rounds, and every PLAIN_EVERY-th round drafts nothing, so acceptance and the
 plain cost stay measured as they drift. Where drafting would not pay even if every draft were
-kept (`could_pay` false: on a CPU whose exact kernels cost a verify row almost a forward's row),
-a probe could not change the answer: lanes then probe only every REMEASURE_EVERY-th round, which
-keeps the costs measured as the load changes them.
+kept (`could_pay` false), the drafter may skip prompt chunks (lanes/drafting.py).
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ _EMA = 0.2  # weight of the newest round
 PROBE_EVERY = 16  # rounds between one-token probes of a lane that does not draft
 PLAIN_EVERY = 64  # rounds between rounds that draft nothing (they measure `forward`)
 MARGIN = 1.05  # drafting must promise this much more than not drafting
-REMEASURE_EVERY = 256  # rounds between probes where no acceptance would make drafting pay
 
 
 def _ema(old: float | None, new: float) -> float:

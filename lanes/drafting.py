@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lanes.config import EngineConfig
-from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, REMEASURE_EVERY, DraftCosts
+from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
 from lanes.drafter import Proposer
 from lanes.lane import Lane
 from lanes.lane_view import Chunk
@@ -95,14 +95,13 @@ class Drafting:
             return 0  # this round measures what a round without drafts costs
         if not costs.measured:
             return k
-        lanes = max(1, num_decoding)
-        best = costs.best_k(lane.acceptance_ema, k, lanes)
-        if best == 0 and (
-            lane.num_sampling_steps % PROBE_EVERY == 0
-            if costs.could_pay(k, lanes)
-            else self.metrics.num_rounds % REMEASURE_EVERY == 0
-        ):
-            return 1  # a probe: is this lane's acceptance (or are the costs) still as measured?
+        best = costs.best_k(lane.acceptance_ema, k, max(1, num_decoding))
+        if best == 0 and lane.num_sampling_steps % PROBE_EVERY == 0:
+            # a probe: is this lane's acceptance still too low to pay? It also keeps the costs
+            # measured where none would pay: probing less there (every 256th round) left a
+            # transient bad measurement standing for hundreds of rounds (a CI run on 2 busy
+            # cores stopped a drafter whose drafts were all right)
+            return 1
         return best
 
     def record_round(self, plan_decode: Sequence[Step], seconds: float, drafter_seconds: float):

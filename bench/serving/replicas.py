@@ -6,8 +6,8 @@ replicas, the cache-aware policy against round robin.
 
 Each setting starts N `lanes serve` replicas (subprocesses) and a vllm-router in front of them,
 then sends `--conversations` conversations of `--turns` turns that share one system prompt,
-interleaved (turn 1 of every conversation, then turn 2, ...), one request at a time, greedy,
-streamed. Reported: the prompt-cache hit rate (every replica's `lanes_cached_prompt_tokens` over
+interleaved (turn 1 of every conversation, then turn 2, ...), one request at a time (with
+`--concurrent`: every conversation's turn at once), greedy, streamed. Reported: the prompt-cache hit rate (every replica's `lanes_cached_prompt_tokens` over
 its `lanes_prompt_tokens`), median and p90 time to first token seen by the client, and
 whether every conversation's text equals the one-replica run's. N replicas share this machine's
 cores, so TTFT across N says little on a 2-core box; the hit rate is the point. Writes
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import RESULTS
@@ -128,12 +129,20 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
         _wait(front + "/v1/models", procs[-1])
         chats = [[{"role": "system", "content": SYSTEM}] for _ in range(args.conversations)]
         ttft = []
+
+        def take_turn(c: int, turn: int) -> float:
+            chat = chats[c]
+            chat.append({"role": "user", "content": QUESTIONS[(turn + c) % len(QUESTIONS)]})
+            answer, first = _stream(front, chat, args.new_tokens)
+            chat.append({"role": "assistant", "content": answer})
+            return first
+
         for turn in range(args.turns):
-            for c, chat in enumerate(chats):
-                chat.append({"role": "user", "content": QUESTIONS[(turn + c) % len(QUESTIONS)]})
-                answer, first = _stream(front, chat, args.new_tokens)
-                chat.append({"role": "assistant", "content": answer})
-                ttft.append(first)
+            if args.concurrent:  # every conversation's turn at once
+                with ThreadPoolExecutor(len(chats)) as pool:
+                    ttft += list(pool.map(lambda c, t=turn: take_turn(c, t), range(len(chats))))
+            else:
+                ttft += [take_turn(c, turn) for c in range(len(chats))]
         metrics = [_get(w + "/metrics") for w in workers]
         prompt = sum(_counter(m, "lanes_prompt_tokens") for m in metrics)
         cached = sum(_counter(m, "lanes_cached_prompt_tokens") for m in metrics)
@@ -163,6 +172,9 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument(
+        "--concurrent", action="store_true", help="send every conversation's turn at once"
+    )
     args = ap.parse_args()
     router = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
     rows = []
@@ -180,7 +192,9 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "rows": [{k: v for k, v in r.items() if k != "texts"} for r in rows],
     }
-    path = RESULTS / f"replicas-{platform.machine()}.json"
+    out["concurrent"] = args.concurrent
+    suffix = "-concurrent" if args.concurrent else ""
+    path = RESULTS / f"replicas-{platform.machine()}{suffix}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 
