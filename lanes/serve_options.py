@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
@@ -15,7 +16,8 @@ _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
 _BYTES = re.compile(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
 SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max",
-                    "prompt_lookup_min")  # fmt: skip
+                    "prompt_lookup_min", "draft_tensor_parallel_size",
+                    "disable_by_batch_size")  # fmt: skip
 # "eagle"/"eagle3": a `lanes distill` head or a published EAGLE-3 head; "draft_model": a model
 _SPECULATIVE_METHODS = (None, "ngram", "[ngram]", "eagle", "eagle3", "draft_model")
 _ACTIVATION_MARGIN = 2**30  # bytes left for activations and CUDA graphs
@@ -51,6 +53,17 @@ def speculative_options(text: str) -> tuple[str, int | None]:
     if unknown:
         raise ValueError(
             f"--speculative-config: unsupported keys {unknown}; lanes reads {list(SPECULATIVE_KEYS)}"
+        )
+    tp = spec.get("draft_tensor_parallel_size", 1)
+    if tp != 1:  # vLLM's launch lines for EAGLE heads pass 1: the drafter runs unsharded here
+        raise ValueError(
+            f"--speculative-config: draft_tensor_parallel_size {tp!r}: lanes runs the drafter "
+            "unsharded, on rank 0 (give 1 or leave it out)"
+        )
+    if "disable_by_batch_size" in spec:  # lanes drafts per round by the measured costs instead
+        logging.getLogger("lanes").warning(
+            "--speculative-config: disable_by_batch_size is ignored; lanes drafts each round "
+            "as many tokens as pay for themselves by its measured costs (docs/speculative.md)"
         )
     k = spec.get("num_speculative_tokens")
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):

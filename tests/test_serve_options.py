@@ -27,12 +27,17 @@ def test_byte_sizes():
 
 def test_speculative_config():
     assert speculative_options('{"method": "ngram", "num_speculative_tokens": 3}') == ("ngram", 3)
+    # the keys vLLM's EAGLE-3 launch lines carry
+    eagle3 = '{"method": "eagle3", "model": "h", "num_speculative_tokens": 3, '
+    assert speculative_options(eagle3 + '"draft_tensor_parallel_size": 1}') == ("h", 3)
+    assert speculative_options(eagle3 + '"disable_by_batch_size": 8}') == ("h", 3)
     assert speculative_options('{"model": "drafter/weights/x"}') == ("drafter/weights/x", None)
     for bad, words in [
         ("{", "not JSON"),
         ("[1]", "JSON object"),
         ('{"method": "eagle3"}', "needs"),
         ('{"method": "medusa", "model": "m"}', "method 'medusa' is not served"),
+        ('{"model": "m", "draft_tensor_parallel_size": 2}', "draft_tensor_parallel_size 2"),
         ('{"method": "ngram", "prompt_lookup_max": 0}', "whole numbers >= 1"),
         ('{"model": "d", "prompt_lookup_max": 4}', "go with method 'ngram'"),
         ('{"method": "ngram", "prompt_lookup_cap": 4}', "unsupported keys"),
