@@ -11,14 +11,21 @@ concurrency: output tok/s of both (each pass), the median speedup, the share of 
 that came from accepted drafts, tokens per verify, and at concurrency 1 the worst single
 prompt's speedup (median over passes). Every drafted output is checked against its undrafted
 one. Writes bench/results/drafters-concurrency-<device>.json.
+
+`--profile C`: then one more run of every group at concurrency C, drafted and undrafted, each
+under cProfile, with the engine's round counts and measured seconds around it (where a drafted
+round's time goes when drafting loses); writes drafters-concurrency-profile-<device>-c<C>.txt.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import io
 import json
 import platform
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -61,6 +68,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--cost-aware", choices=["on", "off"], default="on")
+    ap.add_argument("--profile", type=int, default=0, help="profile one run at this concurrency")
     args = ap.parse_args()
     cfg = EngineConfig(
         device=args.device, drafter=args.drafter, cost_aware_drafts=args.cost_aware == "on"
@@ -139,6 +147,43 @@ def main() -> None:
     path = RESULTS / f"drafters-concurrency-{args.device}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
+    if args.profile:
+        text = [profiled(engine, chats, args.profile, p) for p in (drafted, plain)]
+        path = RESULTS / f"drafters-concurrency-profile-{args.device}-c{args.profile}.txt"
+        path.write_text("\n\n".join(text))
+        print(f"wrote {path}")
+
+
+def round_counts(engine) -> dict:
+    m, rounds = engine.metrics, engine.device_driver.device_rounds
+    return {
+        "rounds": m.num_rounds,
+        "overlapped_rounds": m.num_overlapped_rounds,
+        "device_rounds": rounds.num_rounds if rounds is not None else 0,
+        "busy_seconds": m.busy_seconds,
+        "drafter_seconds": m.drafter_seconds,
+        "verify_steps": m.num_verify_steps,
+        "drafted": m.num_drafted,
+        "accepted": m.num_accepted,
+    }
+
+
+def profiled(engine, chats, concurrency, params) -> str:
+    """One run of every group under cProfile: the counts it added and the top functions."""
+    before = round_counts(engine)
+    profile = cProfile.Profile()
+    profile.enable()
+    seconds, outs, _ = run_groups(engine, chats, concurrency, params)
+    profile.disable()
+    after = round_counts(engine)
+    delta = {k: round(after[k] - before[k], 4) for k in before}
+    tokens = sum(len(o.token_ids) for o in outs)
+    head = f"draft={params.draft} concurrency={concurrency}: {tokens} tokens in {seconds:.2f} s"
+    stream = io.StringIO()
+    stats = pstats.Stats(profile, stream=stream)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+    return f"{head}\n{json.dumps(delta)}\n{stream.getvalue()}"
 
 
 if __name__ == "__main__":
