@@ -55,7 +55,7 @@ def prepare_device(
         if device_rounds is not None:
             captured += device_rounds.prepare()
         if ops == "triton":
-            compile_samplers(runner.decoder.config.vocab_size, cfg.device)
+            compile_samplers(runner)
         torch.cuda.synchronize(cfg.device)
     except Exception:
         log.exception("capturing graphs at start failed; the rounds capture them at first use")
@@ -76,12 +76,13 @@ def build_cpu_kernels() -> None:
         load(source)
 
 
-def compile_samplers(vocab_size: int, device: str) -> None:
+def compile_samplers(runner: ModelRunner) -> None:
     """One launch of each sampling kernel (greedy; seeded with top-k and top-p) on throwaway
-    logits: Triton compiles them now."""
+    logits of the runner's vocabulary: Triton compiles them now."""
     from lanes.kernels.sampling import RowParams, greedy_tokens, sample_with
 
-    logits = torch.randn((2, vocab_size), device=device)
+    device = runner.device
+    logits = torch.randn((2, runner.decoder.cfg.vocab_size), device=device)
     params = RowParams.upload([0.0, 1.0], [0, 20], [1.0, 0.9], [0, 1], device)
     sample_with(logits, params, torch.zeros(2, dtype=torch.int64, device=device))
     greedy_tokens(logits)

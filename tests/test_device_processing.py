@@ -124,3 +124,12 @@ def test_negative_control_batched_rows_without_the_drafts_before_them(tiny_model
         (d.token_ids, d.logprobs) != (p.token_ids, p.logprobs)
         for d, p in zip(drafted, plain, strict=True)
     )
+
+
+def test_the_samplers_compile_from_an_engines_runner(tiny_models):
+    """lanes/warmup.py compiles the sampling kernels when a GPU engine is built, from the runner
+    alone (before issue 40's split was checked on a GPU, this read an attribute the decoder no
+    longer had, and every GPU engine logged a failed warm-up)."""
+    from lanes.warmup import compile_samplers
+
+    compile_samplers(_engine(tiny_models).runner)

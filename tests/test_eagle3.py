@@ -26,6 +26,7 @@ from lanes.models import WeightError
 from tests.conftest import write_tiny_model
 
 K = 3
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # device rounds: Triton, native or not
 DRAFT_VOCAB = 96
 PROMPTS = ["one two three four", "the cat sat on the mat and"]
 
@@ -337,7 +338,7 @@ def test_vllm_speculative_config_names_an_eagle3_head(target, tmp_path):
 def device_round_drafts(target_dir, head_dir, break_it=None):
     """Each device round's drafts [(position of draft 1, drafts)] and the completion."""
     cfg = EngineConfig(
-        drafter=str(head_dir), kernels="triton", num_draft_tokens=K,
+        drafter=str(head_dir), kernels="triton", device=DEVICE, num_draft_tokens=K,
         adaptive_drafts=False, cost_aware_drafts=False, device_rounds=True,
     )  # fmt: skip
     engine = build_engine(str(target_dir), cfg)
@@ -374,7 +375,8 @@ def test_a_published_head_in_device_rounds(target, tmp_path, broken):
         target_dir, tmp_path / "head", _normed_features if broken else None
     )
     params = SamplingParams(max_tokens=10, ignore_eos=True, draft=False)
-    (plain,) = build_engine(str(target_dir)).generate(PROMPTS[:1], params)
+    undrafted = build_engine(str(target_dir), EngineConfig(kernels="triton", device=DEVICE))
+    (plain,) = undrafted.generate(PROMPTS[:1], params)
     assert got.token_ids == plain.token_ids
     text = got.prompt_ids + got.token_ids
     same = [drafts == reference_drafts(t, model, text[:first], K) for first, drafts in rounds]
