@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lanes import EngineConfig, SamplingParams, build_engine
-from lanes.device_rounds import DeviceRounds
+from lanes.device_rounds import DeviceRounds, _Bucket
 from tests.test_distill import _random_head
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -251,3 +251,55 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
     before = engine.device_rounds.num_rounds
     engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=6))
     assert engine.device_rounds.num_rounds > before
+
+
+WORDS = "one two three four five six seven eight nine ten eleven twelve".split()  # noqa: SIM905
+# a bucket of 16 on a GPU (larger than any other test's), of 8 on Triton's CPU interpreter
+MANY = [" ".join(WORDS[i:] + WORDS[: i % 4]) for i in range(10 if DEVICE == "cuda" else 5)]
+
+
+def _rounds_by_lane(engine, prompts) -> dict[tuple, dict[int, tuple]]:
+    """The head's own device rounds: each lane's round results by verify position (the
+    verify's tokens past the kept drafts follow the drafts, so equal results mean equal
+    drafts)."""
+    seen: dict[tuple, dict[int, tuple]] = {}
+    dr = engine.device_rounds
+    take = dr.take
+
+    def recording():
+        results = take()
+        for lane, r in zip(dr.lanes, results, strict=True):
+            seen.setdefault(tuple(lane.prompt_ids), {})[r.verify_start] = (r.tokens, r.accepted)
+        return results
+
+    dr.take = recording
+    engine.generate(prompts, dataclasses.replace(PARAMS, max_tokens=10))
+    assert dr.num_rounds > 0
+    return seen
+
+
+def _rows_of_the_next_lane(self):
+    """Negative control: the catch-up's logits row of lane i taken from lane i + 1."""
+    original_layout(self)
+    self.rows.copy_(self.rows.roll(-1))
+
+
+original_layout = _Bucket.layout
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["rounds", "negative-control-rows"])
+def test_a_lane_among_others_rounds_as_it_does_alone(head_dir, broken, monkeypatch):
+    """Every round of a lane in a larger bucket (graph-replayed on a GPU) has the results it has
+    when the lane runs alone: the drafts, and so the acceptance, do not depend on the lanes
+    beside it. With each lane's head reading its neighbour's row, they do."""
+    if broken:
+        monkeypatch.setattr(_Bucket, "layout", _rows_of_the_next_lane)
+    together = _rounds_by_lane(_engine(head_dir, device_rounds=True), MANY)
+    differ = compared = 0
+    for prompt in MANY[:2] if DEVICE == "cuda" else MANY[:1]:
+        ((key, alone),) = _rounds_by_lane(_engine(head_dir, device_rounds=True), [prompt]).items()
+        common = set(alone) & set(together[key])
+        compared += len(common)
+        differ += sum(alone[v] != together[key][v] for v in common)
+    assert compared >= 5
+    assert differ > 0 if broken else differ == 0

@@ -24,6 +24,7 @@ import cProfile
 import dataclasses
 import io
 import json
+import logging
 import platform
 import pstats
 import statistics
@@ -69,7 +70,11 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--cost-aware", choices=["on", "off"], default="on")
     ap.add_argument("--profile", type=int, default=0, help="profile one run at this concurrency")
+    ap.add_argument("--verbose", action="store_true", help="the engine's INFO log (device rounds)")
     args = ap.parse_args()
+    if args.verbose:
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("lanes").setLevel(logging.INFO)
     cfg = EngineConfig(
         device=args.device, drafter=args.drafter, cost_aware_drafts=args.cost_aware == "on"
     )
@@ -88,12 +93,16 @@ def main() -> None:
             order = [("drafted", drafted), ("plain", plain)]
             result = {}
             for name, params in order if p % 2 == 0 else order[::-1]:
+                before = round_counts(engine)
                 seconds, outs, times = run_groups(engine, chats, c, params)
+                counts = {k: round(v - before[k], 4) for k, v in round_counts(engine).items()}
                 tokens = sum(len(o.token_ids) for o in outs)
                 result[name] = {
                     "tok_s": tokens / seconds,
                     "outs": outs,
                     "group_seconds": times,
+                    "counts": counts,
+                    "costs_after": costs_now(engine),
                 }
             d, u = result["drafted"], result["plain"]
             mismatches += sum(
@@ -108,6 +117,9 @@ def main() -> None:
                     "speedup": round(d["tok_s"] / u["tok_s"], 3),
                     "share_from_drafts": round(sum(o.num_accepted for o in d["outs"]) / tokens, 3),
                     "tokens_per_verify": round(tokens / max(1, verifies), 3),
+                    "drafted_counts": d["counts"],
+                    "plain_counts": u["counts"],
+                    "costs_after_drafted": d["costs_after"],
                     "per_group_speedup": [
                         round(b / a, 3)
                         for a, b in zip(d["group_seconds"], u["group_seconds"], strict=True)
@@ -165,6 +177,26 @@ def round_counts(engine) -> dict:
         "verify_steps": m.num_verify_steps,
         "drafted": m.num_drafted,
         "accepted": m.num_accepted,
+    }
+
+
+def costs_now(engine) -> dict:
+    """What the per-round decisions read now: a plain round's measured seconds, the device
+    rounds' mean tokens per lane and seconds since they last started, the host-managed costs."""
+    driver, costs = engine.device_driver, engine.drafting.costs
+
+    def ms(x):
+        return None if x is None else round(x * 1e3, 3)
+
+    return {
+        "plain_round_ms": ms(costs.forward),
+        "per_draft_ms": ms(costs.per_draft),
+        "per_draft_step_ms": ms(costs.per_draft_step),
+        "device_samples": driver.costs.samples,
+        "device_tokens_per_lane": round(driver.costs.tokens, 3),
+        "device_round_ms": ms(driver.costs.seconds),
+        "paused_until": driver.paused_until,
+        "rounds": engine.metrics.num_rounds,
     }
 
 
