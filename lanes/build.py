@@ -86,7 +86,7 @@ def build_engine(
     # graphs captured and samplers compiled before any request
     prepare_device(
         cfg, runner, engine.device_rounds,
-        verifies_drafts=proposer is not None and engine.device_rounds is None,
+        verifies_drafts=proposer is not None,
         single_process=parallel is None,
     )  # fmt: skip
     return engine

@@ -6,6 +6,10 @@ Contract:
   adaptive k from its running acceptance, within what it may still emit, and — with cost-aware
   drafts — only as many as pay for themselves by the measured costs (lanes/draft_costs.py).
   It changes speed only: coupled verification gives the same tokens for any k.
+- `round_drafts(running)` is that for every lane of one round: where the target's forwards are
+  graph replays (`even_drafts`), every drafting lane gets the most any of them gets, so that
+  the verify replays one graph instead of running eagerly; a lane that would not draft by the
+  costs drafts one token in every PROBE_EVERY-th round, all such lanes in the same round.
 - `fill(plan)` turns planned decode steps into verify steps holding the proposer's drafts (host
   ids, or rows still on the device).
 - `record_verify` keeps a lane's draft counts and running acceptance after its verify step, and
@@ -24,7 +28,7 @@ import torch
 from lanes.config import EngineConfig
 from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
 from lanes.drafter import Proposer
-from lanes.lane import Lane
+from lanes.lane import Lane, LaneState
 from lanes.lane_view import Chunk
 from lanes.metrics import EngineMetrics, add_counts
 from lanes.rounds import LaneRound, Step
@@ -45,9 +49,11 @@ class Drafting:
         *,
         cost_aware: bool,
         device_drafts: bool,
+        even_drafts: bool = False,
     ) -> None:
         """device_drafts: drafts left on the device may feed the verify forward directly (not
-        with tensor parallelism, whose ranks take host ids)."""
+        with tensor parallelism, whose ranks take host ids). even_drafts: the target's forwards
+        are graph replays, which take one token count for all lanes (`round_drafts`)."""
         self.config = config
         self.proposer = proposer
         self.metrics = metrics
@@ -55,6 +61,7 @@ class Drafting:
         self.clock = clock
         self.cost_aware = cost_aware
         self.device_drafts = device_drafts
+        self.even_drafts = even_drafts
         self.costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
         self.acceptance_prior = Lane.acceptance_ema  # running acceptance over all lanes
         self.forward_measured_at = 0  # metrics.num_rounds at the last plain round measured
@@ -77,7 +84,7 @@ class Drafting:
         """Draft slots for a decode lane: adaptive k, within what the lane may still emit."""
         if not self.drafting(lane):
             return 0
-        room = self.max_len(lane) - lane.num_known - 1  # the target always adds one token
+        room = self._room(lane)
         if not lane.num_verify_steps:  # nothing of its own measured yet
             lane.acceptance_ema = self.acceptance_prior
         k = self.config.num_draft_tokens
@@ -86,6 +93,32 @@ class Drafting:
             if self.cost_aware and not self.device_due:
                 k = self._paying_drafts(lane, k, num_decoding)
         return max(0, min(k, room))
+
+    def round_drafts(self, running: Sequence[Lane]) -> Callable[[Lane, int], int]:
+        """`num_drafts` for the round being planned over these lanes. With even drafts every
+        drafting decode lane gets the most any of them gets (within its room): a round where
+        some lanes draft and others do not, or draft fewer, has no graph and runs eagerly (on
+        the H200, the default model at 64 lanes: ~17 ms a round where a replay takes ~1 ms),
+        while an extra verify row costs a replay little."""
+        if not self.even_drafts:
+            return self.num_drafts
+        decoding = [lane for lane in running if lane.state is LaneState.DECODE]
+        ks = {id(lane): self.num_drafts(lane, len(decoding)) for lane in decoding}
+        most = max(ks.values(), default=0)
+        if most:
+            for lane in decoding:
+                if self.drafting(lane):
+                    ks[id(lane)] = max(0, min(most, self._room(lane)))
+
+        def planned(lane: Lane, num_decoding: int) -> int:
+            k = ks.get(id(lane))
+            return self.num_drafts(lane, num_decoding) if k is None else k
+
+        return planned
+
+    def _room(self, lane: Lane) -> int:
+        """Drafts the lane may still verify: the target always adds one token."""
+        return self.max_len(lane) - lane.num_known - 1
 
     def _paying_drafts(self, lane: Lane, k: int, num_decoding: int) -> int:
         """At most k drafts, as many as pay for themselves by the measured costs; plain rounds
@@ -96,11 +129,13 @@ class Drafting:
         if not costs.measured:
             return k
         best = costs.best_k(lane.acceptance_ema, k, max(1, num_decoding))
-        if best == 0 and lane.num_sampling_steps % PROBE_EVERY == 0:
+        if best == 0 and self.metrics.num_rounds % PROBE_EVERY == 0:
             # a probe: is this lane's acceptance still too low to pay? It also keeps the costs
             # measured where none would pay: probing less there (every 256th round) left a
             # transient bad measurement standing for hundreds of rounds (a CI run on 2 busy
-            # cores stopped a drafter whose drafts were all right)
+            # cores stopped a drafter whose drafts were all right). Every lane probes in the
+            # same round: lanes probing in rounds of their own made most rounds at 64 lanes
+            # drafted ones (and, with graphs, eager ones)
             return 1
         return best
 

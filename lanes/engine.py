@@ -123,6 +123,7 @@ class Engine:
         self.drafting = Drafting(
             cfg, proposer, self.metrics, self.scheduler.max_len, clock,
             cost_aware=cost_aware, device_drafts=self.comm is None,
+            even_drafts=self.runner.graphs is not None,
         )  # fmt: skip
         self.verifier = Verifier(
             cfg, self.ops.name == "triton", self.runner.row_params, self.masks, self.eos_token_ids
@@ -239,7 +240,8 @@ class Engine:
         ended = self._cancellations()
         ended += [self.output.fail(lane, e) for lane, e in self.scheduler.admit()]
         self.drafting.device_due = self.device_driver.due()
-        plan, failed = plan_isolated(self.scheduler, self.drafting.num_drafts, self.output.fail)
+        num_drafts = self.drafting.round_drafts(self.scheduler.running)
+        plan, failed = plan_isolated(self.scheduler, num_drafts, self.output.fail)
         ended += failed
         if not plan.steps:
             return ended

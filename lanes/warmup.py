@@ -35,8 +35,8 @@ def prepare_device(
 ) -> None:
     """Capture and compile what an engine's rounds will need (CUDA, one process, unless
     EngineConfig.capture_at_start is off; on the CPU in exact mode, build the C kernels).
-    verifies_drafts: a drafter's drafts are verified through the target's graphs (there is a
-    proposer and no device rounds)."""
+    verifies_drafts: there is a drafter, whose drafts host-managed rounds verify through the
+    target's graphs (also beside device rounds: while those pause, and for probes)."""
     cfg = config
     ops = runner.decoder.ops.name
     if cfg.device == "cpu" and ops == "exact":
@@ -49,8 +49,8 @@ def prepare_device(
         graphs = runner.graphs
         if graphs is not None:
             tokens = [1]  # decode
-            if verifies_drafts:
-                tokens.append(1 + cfg.num_draft_tokens)  # a full verify
+            if verifies_drafts:  # a probe's verify and a full one (other k: at first use)
+                tokens += sorted({2, 1 + cfg.num_draft_tokens})
             captured += graphs.prepare(tokens)
         if device_rounds is not None:
             captured += device_rounds.prepare()

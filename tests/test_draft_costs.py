@@ -4,6 +4,7 @@ output unchanged either way."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -142,13 +143,41 @@ def _lone_lane_drafting(costs, num_rounds, steps):
 
 
 def test_lanes_probe_even_where_no_acceptance_would_pay():
-    """Probes every 16 of a lane's steps whatever the costs say: they also re-measure the
-    costs, so a transient bad measurement cannot stop drafting for long."""
+    """Probes every 16 engine rounds whatever the costs say: they also re-measure the costs, so
+    a transient bad measurement cannot stop drafting for long. Every lane probes in the same
+    round, whatever its own step count."""
     from lanes.draft_costs import PROBE_EVERY
 
     never = DraftCosts(forward=9.4e-3, per_draft=4.2e-3, per_draft_step=8.3e-3)
-    assert _lone_lane_drafting(never, 5, PROBE_EVERY)[1] == 1
-    assert _lone_lane_drafting(never, 5, PROBE_EVERY + 1)[1] == 0
+    for steps in (5, PROBE_EVERY, PROBE_EVERY + 1):
+        assert _lone_lane_drafting(never, 2 * PROBE_EVERY, steps)[1] == 1
+        assert _lone_lane_drafting(never, 2 * PROBE_EVERY + 1, steps)[1] == 0
+
+
+def test_a_graphed_round_drafts_evenly():
+    """With graph-replayed forwards (even drafts) every drafting lane of a round gets the most
+    any lane gets, within its room; a lane with drafts off stays at none. Without, each lane
+    keeps its own."""
+    from lanes.drafting import Drafting
+    from lanes.lane import LaneState
+    from lanes.metrics import EngineMetrics
+
+    def drafts(even):
+        drafting = Drafting(
+            EngineConfig(num_draft_tokens=4), _Probed({}, 1.0, 8), EngineMetrics(),
+            lambda lane: 5 if lane.request_id == 2 else 10_000, lambda: 0.0,
+            cost_aware=False, device_drafts=False, even_drafts=even,
+        )  # fmt: skip
+        lanes = [make_lane(i, [1, 2, 3], max_tokens=100) for i in range(4)]
+        lanes[3].params = dataclasses.replace(lanes[3].params, draft=False)
+        for lane, acceptance in zip(lanes, (0.9, 0.1, 0.9, 0.9), strict=True):
+            lane.state = LaneState.DECODE
+            lane.num_verify_steps, lane.acceptance_ema = 3, acceptance
+        planned = drafting.round_drafts(lanes)
+        return [planned(lane, len(lanes)) for lane in lanes]
+
+    assert drafts(even=False) == [4, 1, 1, 0]  # lane 2 has room for one draft
+    assert drafts(even=True) == [4, 4, 1, 0]
 
 
 def test_the_drafter_skips_prompt_chunks_only_while_drafting_cannot_pay():
