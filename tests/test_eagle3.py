@@ -340,6 +340,7 @@ def device_round_drafts(target_dir, head_dir, break_it=None):
     cfg = EngineConfig(
         drafter=str(head_dir), kernels="triton", device=DEVICE, num_draft_tokens=K,
         adaptive_drafts=False, cost_aware_drafts=False, device_rounds=True,
+        capture_at_start=False,  # on a GPU: graphs captured after break_it, as it leaves them
     )  # fmt: skip
     engine = build_engine(str(target_dir), cfg)
     if break_it is not None:

@@ -71,6 +71,17 @@ def main() -> None:
     ap.add_argument("--cost-aware", choices=["on", "off"], default="on")
     ap.add_argument("--profile", type=int, default=0, help="profile one run at this concurrency")
     ap.add_argument("--verbose", action="store_true", help="the engine's INFO log (device rounds)")
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="one untimed drafted and plain run per concurrency first",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="then one drafted run at this concurrency, round by round",
+    )
     args = ap.parse_args()
     if args.verbose:
         logging.basicConfig(level=logging.WARNING)
@@ -88,6 +99,9 @@ def main() -> None:
     run_groups(engine, chats, 1, plain)
     rows = []
     for c in [int(x) for x in args.concurrency.split(",")]:
+        if args.warm:  # what a first run at this concurrency captures or compiles, done now
+            run_groups(engine, chats, c, drafted)
+            run_groups(engine, chats, c, plain)
         passes, mismatches = [], 0
         for p in range(args.passes):
             order = [("drafted", drafted), ("plain", plain)]
@@ -154,11 +168,16 @@ def main() -> None:
         "prompts": len(chats),
         "new_tokens": args.new_tokens,
         "greedy": True,
+        "warmed_per_concurrency": args.warm,
         "rows": rows,
     }
     path = RESULTS / f"drafters-concurrency-{args.device}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
+    if args.rounds:
+        path = RESULTS / f"drafters-concurrency-rounds-{args.device}-c{args.rounds}.json"
+        path.write_text(json.dumps(round_by_round(engine, chats, args.rounds, drafted)) + "\n")
+        print(f"wrote {path}")
     if args.profile:
         text = [profiled(engine, chats, args.profile, p) for p in (drafted, plain)]
         path = RESULTS / f"drafters-concurrency-profile-{args.device}-c{args.profile}.txt"
@@ -197,6 +216,29 @@ def costs_now(engine) -> dict:
         "device_round_ms": ms(driver.costs.seconds),
         "paused_until": driver.paused_until,
         "rounds": engine.metrics.num_rounds,
+    }
+
+
+def round_by_round(engine, chats, concurrency, params) -> dict:
+    """One run's rounds as the engine recorded them (its last 1,024): decode and prefill tokens,
+    wall and host milliseconds, overlapped or not; device rounds count lanes x (k + 1) tokens."""
+    before = engine.metrics.num_rounds
+    run_groups(engine, chats, concurrency, params)
+    n = min(engine.metrics.num_rounds - before, len(engine.metrics.recent))
+    fields = ["decode_tokens", "prefill_tokens", "ms", "host_ms", "overlapped"]
+    return {
+        "concurrency": concurrency,
+        "fields": fields,
+        "rounds": [
+            [
+                r.decode_tokens,
+                r.prefill_tokens,
+                round(r.seconds * 1e3, 3),
+                round(r.host_seconds * 1e3, 3),
+                int(r.overlapped),
+            ]
+            for r in list(engine.metrics.recent)[-n:]
+        ],  # fmt: skip
     }
 
 
