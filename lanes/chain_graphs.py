@@ -24,6 +24,7 @@ of separate forwards.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,6 +35,7 @@ from lanes.graphs import (
     MAX_TOKENS_PER_LANE,
     DecodeGraphs,
     capture,
+    log_first_use,
     static_batch,
     valid_slots,
 )
@@ -173,7 +175,9 @@ class ChainGraphs:
         key = (lanes, steps[0].num_tokens, max(counts))
         chain = self.chains.get(key)
         if chain is None:
+            start = time.perf_counter()
             chain = self.chains[key] = self._capture(*key)
+            log_first_use("drafter chain (lanes, rows, samples)", key, start)
         for r in steps:
             self.graphs.tables.sync(r.slot, r.blocks)
         self._fill(chain, steps, counts, previous_tokens)

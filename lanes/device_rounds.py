@@ -37,6 +37,7 @@ entries that changed. Padding lanes stay at position 0 with every K/V in the scr
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ import torch
 
 from lanes.chain_graphs import LaneSlots
 from lanes.device_sampling import upload_params
-from lanes.graphs import LANE_BUCKETS, capture, static_batch
+from lanes.graphs import LANE_BUCKETS, capture, log_first_use, static_batch
 from lanes.kernels.sampling import RowParams, sample_with
 
 
@@ -280,7 +281,9 @@ class DeviceRounds:
         size = next(b for b in LANE_BUCKETS if b >= len(lanes))
         b = self.buckets.get(size)
         if b is None:
+            begun = time.perf_counter()
             b = self.buckets[size] = self._bucket(size)
+            log_first_use("device-round bucket (lanes,)", (size,), begun)
         t = b.t
         v, a, g, live = [], [], [], []
         feats = []

@@ -19,6 +19,8 @@ inputs for the host's settle, which runs the accepted rows again once acceptance
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -31,6 +33,17 @@ from lanes.lane_rows import LaneRows
 from lanes.models.decoder import Decoder
 
 LANE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+log = logging.getLogger("lanes")
+
+
+def log_first_use(kind: str, key: tuple, start: float) -> None:
+    """A graph captured inside a round rather than at start stalls every lane of that round:
+    say so (INFO), with its key and what it took."""
+    log.info(
+        "%s %s captured at first use in %.0f ms", kind, key, (time.perf_counter() - start) * 1e3
+    )
+
+
 MAX_TOKENS_PER_LANE = 16
 
 
@@ -255,7 +268,9 @@ class DecodeGraphs:
         lanes = next(b for b in LANE_BUCKETS if b >= len(steps))
         g = self.graphs.get((lanes, tokens))
         if g is None:
+            start = time.perf_counter()
             g = self.graphs[(lanes, tokens)] = self._capture(lanes, tokens)
+            log_first_use("forward graph (lanes, tokens)", (lanes, tokens), start)
         self._fill(g, steps)
         fill_pending(g.input_ids, range(0, len(steps) * tokens, tokens), steps, previous_tokens)
         if g.graph is None:
