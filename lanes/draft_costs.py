@@ -28,6 +28,12 @@ from dataclasses import dataclass
 
 _EMA = 0.2  # weight of the newest round
 PROBE_EVERY = 16  # rounds between one-token probes of a lane that does not draft
+# ... where drafts are seldom kept (the engine's running acceptance below PROBE_KEEN): a probe
+# there mostly confirms that drafting does not pay, and its head catch-up and verify rows cost
+# ~7% of a 4-lane CPU run at every 16th round; where drafts are mostly kept, probes stay
+# frequent, so that one bad cost measurement cannot stop a good drafter for long
+PROBE_EVERY_SELDOM = 64
+PROBE_KEEN = 0.6
 PLAIN_EVERY = 64  # rounds between rounds that draft nothing (they measure `forward`)
 MARGIN = 1.05  # drafting must promise this much more than not drafting
 

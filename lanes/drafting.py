@@ -9,7 +9,7 @@ Contract:
 - `round_drafts(running)` is that for every lane of one round: where the target's forwards are
   graph replays (`even_drafts`), every drafting lane gets the most any of them gets, so that
   the verify replays one graph instead of running eagerly; a lane that would not draft by the
-  costs drafts one token in every PROBE_EVERY-th round, all such lanes in the same round.
+  costs drafts one token in every `probe_every`-th round, all such lanes in the same round.
 - `fill(plan)` turns planned decode steps into verify steps holding the proposer's drafts (host
   ids, or rows still on the device).
 - `record_verify` keeps a lane's draft counts and running acceptance after its verify step, and
@@ -26,7 +26,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lanes.config import EngineConfig
-from lanes.draft_costs import PLAIN_EVERY, PROBE_EVERY, DraftCosts
+from lanes.draft_costs import (
+    PLAIN_EVERY,
+    PROBE_EVERY,
+    PROBE_EVERY_SELDOM,
+    PROBE_KEEN,
+    DraftCosts,
+)
 from lanes.drafter import Proposer
 from lanes.lane import Lane, LaneState
 from lanes.lane_view import Chunk
@@ -116,6 +122,11 @@ class Drafting:
 
         return planned
 
+    @property
+    def probe_every(self) -> int:
+        """Rounds between probes: fewer where the engine's drafts are seldom kept."""
+        return PROBE_EVERY if self.acceptance_prior >= PROBE_KEEN else PROBE_EVERY_SELDOM
+
     def _room(self, lane: Lane) -> int:
         """Drafts the lane may still verify: the target always adds one token."""
         return self.max_len(lane) - lane.num_known - 1
@@ -129,7 +140,7 @@ class Drafting:
         if not costs.measured:
             return k
         best = costs.best_k(lane.acceptance_ema, k, max(1, num_decoding))
-        if best == 0 and self.metrics.num_rounds % PROBE_EVERY == 0:
+        if best == 0 and self.metrics.num_rounds % self.probe_every == 0:
             # a probe: is this lane's acceptance still too low to pay? It also keeps the costs
             # measured where none would pay: probing less there (every 256th round) left a
             # transient bad measurement standing for hundreds of rounds (a CI run on 2 busy

@@ -154,6 +154,30 @@ def test_lanes_probe_even_where_no_acceptance_would_pay():
         assert _lone_lane_drafting(never, 2 * PROBE_EVERY + 1, steps)[1] == 0
 
 
+def test_probes_are_rarer_where_drafts_are_seldom_kept():
+    """Where the engine's running acceptance is low a probe mostly confirms that drafting does
+    not pay: every PROBE_EVERY_SELDOM-th round then, and back to every PROBE_EVERY-th once
+    drafts are kept again (so a good drafter is not stopped for long by one bad measurement)."""
+    from lanes.draft_costs import PROBE_EVERY, PROBE_EVERY_SELDOM
+
+    never = DraftCosts(forward=9.4e-3, per_draft=4.2e-3, per_draft_step=8.3e-3)
+    drafting, _ = _lone_lane_drafting(never, 0, 1)
+    lane = make_lane(0, [1, 2, 3], max_tokens=100)
+    for _ in range(30):
+        drafting.record_verify(lane, 1, 0)
+    assert drafting.probe_every == PROBE_EVERY_SELDOM
+    lane.num_verify_steps, lane.acceptance_ema = 3, 0.1
+    drafting.metrics.num_rounds = PROBE_EVERY
+    assert drafting.num_drafts(lane, 1) == 0
+    drafting.metrics.num_rounds = PROBE_EVERY_SELDOM
+    assert drafting.num_drafts(lane, 1) == 1
+    for _ in range(30):
+        drafting.record_verify(lane, 1, 1)
+    drafting.metrics.num_rounds = PROBE_EVERY
+    assert drafting.probe_every == PROBE_EVERY
+    assert drafting.num_drafts(lane, 1) == 1
+
+
 def test_a_graphed_round_drafts_evenly():
     """With graph-replayed forwards (even drafts) every drafting lane of a round gets the most
     any lane gets, within its room; a lane with drafts off stays at none. Without, each lane
