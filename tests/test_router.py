@@ -152,3 +152,139 @@ def test_a_client_that_leaves_the_router_cancels_its_request_on_the_replica(long
                 time.sleep(0.2)
             assert _finished(replica, "abort") == 1
             assert _finished(replica, "length") == 0
+
+
+def _replica(model_dir: Path, port: int) -> subprocess.Popen:
+    """`lanes serve` as its own process (a replica to kill), ready when /health answers."""
+    code = "import sys; from lanes.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--model", str(model_dir), "--device", "cpu",
+         "--port", str(port), "--served-model-name", "tiny"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("lanes serve did not start") from None
+            time.sleep(0.2)
+
+
+def _stream(url: str, messages: list[dict], max_tokens: int, out: dict) -> None:
+    """A streamed chat through `url`: the text, the finish reason, and whether [DONE] came."""
+    body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens, "stream": True,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    out.update(text="", finish=None, done=False, chunks=0)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                break
+            choice = json.loads(line[6:])["choices"][0]
+            out["text"] += choice["delta"].get("content") or ""
+            out["finish"] = choice.get("finish_reason") or out["finish"]
+            out["chunks"] += 1
+    except (OSError, http.client.HTTPException) as e:
+        out["error"] = repr(e)
+    finally:
+        conn.close()
+
+
+def _served(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def test_a_replica_killed_mid_stream_loses_nothing_else(long_model_dir):
+    """Two replicas (processes) behind the router, round robin with 1 s health checks and its
+    retries on; one is killed with SIGKILL while each streams a long answer. No client hangs:
+    the killed replica's stream ends (without a finish reason or [DONE]: the router does not
+    report it, docs/replicas.md) holding a prefix of the answer, the other's stream completes
+    equal to the answer; requests after the kill all succeed with that answer's text; the
+    replica restarted on its port is sent requests again."""
+    if not Path(ROUTER).exists():
+        pytest.skip("vllm-router is not installed here (a test dependency on Linux x86_64)")
+    import threading
+
+    ports = [_free_port(), _free_port()]
+    procs = [_replica(long_model_dir, p) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    router_port = _free_port()
+    router = subprocess.Popen(
+        [ROUTER, "--worker-urls", *urls, "--policy", "round_robin", "--port", str(router_port),
+         "--prometheus-port", str(_free_port()), "--log-level", "warning",
+         "--health-check-interval-secs", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    router_url = f"http://127.0.0.1:{router_port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(router_url + "/v1/models", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.time() < deadline and router.poll() is None, "router did not start"
+                time.sleep(0.2)
+        messages = [{"role": "user", "content": "count with me"}]
+        answer: dict = {}
+        _stream(urls[1], messages, 1500, answer)  # the answer, from one replica directly
+        assert answer["done"] and answer["finish"] == "length"
+        streams = [{}, {}]
+        threads = [
+            threading.Thread(target=_stream, args=(router_url, messages, 1500, s)) for s in streams
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 60
+        while min(s.get("chunks", 0) for s in streams) < 5:  # both under way
+            assert time.time() < deadline, streams
+            time.sleep(0.01)
+        procs[0].kill()
+        procs[0].wait(10)
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a client hung"
+        whole = [s for s in streams if s["done"]]
+        cut = [s for s in streams if not s["done"]]
+        assert len(whole) == 1 and len(cut) == 1, streams  # round robin: one on each replica
+        assert whole[0]["text"] == answer["text"] and whole[0]["finish"] == "length"
+        assert cut[0]["finish"] is None and answer["text"].startswith(cut[0]["text"])
+        for _ in range(4):  # the router stops sending to it (or retries on the live one)
+            after: dict = {}
+            _stream(router_url, messages, 200, after)
+            assert after["done"] and answer["text"].startswith(after["text"]), after
+        procs[0] = _replica(long_model_dir, ports[0])  # restarted on the same port
+        deadline = time.time() + 60
+        while _served(ports[0]) == 0:  # the router sends it requests again
+            assert time.time() < deadline, "the restarted replica got no request"
+            again: dict = {}
+            _stream(router_url, messages, 50, again)
+            assert again["done"] and answer["text"].startswith(again["text"])
+            time.sleep(0.5)
+    finally:
+        router.terminate()
+        for proc in procs:
+            proc.kill()
+        router.wait(10)
+        for proc in procs:
+            proc.wait(10)
