@@ -2,22 +2,26 @@
 replicas, the cache-aware policy against round robin.
 
     python -m bench.serving replicas [--model M] [--replicas 1,2,4] [--conversations 8]
-        [--turns 6] [--new-tokens 8]
+        [--turns 6] [--new-tokens 8] [--concurrent] [--pin] [--router-args "..."]
 
 Each setting starts N `lanes serve` replicas (subprocesses) and a vllm-router in front of them,
 then sends `--conversations` conversations of `--turns` turns that share one system prompt,
 interleaved (turn 1 of every conversation, then turn 2, ...), one request at a time (with
 `--concurrent`: every conversation's turn at once), greedy, streamed. Reported: the prompt-cache hit rate (every replica's `lanes_cached_prompt_tokens` over
 its `lanes_prompt_tokens`), median and p90 time to first token seen by the client, and
-whether every conversation's text equals the one-replica run's. N replicas share this machine's
-cores, so TTFT across N says little on a 2-core box; the hit rate is the point. Writes
-bench/results/replicas-<machine>.json.
+whether every conversation's text equals the one-replica run's, and the throughput (the
+replicas' generated tokens over the run's wall time). N replicas share this machine's cores, so
+TTFT across N says little on a 2-core box; the hit rate is the point. `--pin`: replica i runs on
+core i alone with one thread (taskset), so N replicas use N cores (issue 46's scaling target).
+`--router-args`: more vllm-router flags (e.g. lower balance thresholds for cache_aware). Writes
+bench/results/replicas-<machine>[-concurrent][-pinned].json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import socket
@@ -99,8 +103,12 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
             port = _port()
             cmd = [sys.executable, "-m", "lanes.cli", "serve", "--port", str(port),
                    "--served-model-name", "m"] + (["--model", args.model] if args.model else [])  # fmt: skip
+            env = None
+            if args.pin:  # core i alone, one thread
+                cmd = ["taskset", "-c", str(len(procs) % os.cpu_count())] + cmd
+                env = dict(os.environ, OMP_NUM_THREADS="1")
             procs.append(
-                subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
             )
             workers.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(workers, procs, strict=True):
@@ -120,6 +128,7 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
                     str(_port()),
                     "--log-level",
                     "warning",
+                    *args.router_args.split(),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -137,13 +146,16 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
             chat.append({"role": "assistant", "content": answer})
             return first
 
+        start = time.perf_counter()
         for turn in range(args.turns):
             if args.concurrent:  # every conversation's turn at once
                 with ThreadPoolExecutor(len(chats)) as pool:
                     ttft += list(pool.map(lambda c, t=turn: take_turn(c, t), range(len(chats))))
             else:
                 ttft += [take_turn(c, turn) for c in range(len(chats))]
+        seconds = time.perf_counter() - start
         metrics = [_get(w + "/metrics") for w in workers]
+        generated = sum(_counter(m, "lanes_generation_tokens") for m in metrics)
         prompt = sum(_counter(m, "lanes_prompt_tokens") for m in metrics)
         cached = sum(_counter(m, "lanes_cached_prompt_tokens") for m in metrics)
         per_replica = [int(_counter(m, "lanes_prompt_tokens")) for m in metrics]
@@ -155,6 +167,8 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
             "prompt_tokens_per_replica": per_replica,
             "ttft_median_ms": round(statistics.median(ttft) * 1e3, 1),
             "ttft_p90_ms": round(ttft[int(0.9 * (len(ttft) - 1))] * 1e3, 1),
+            "seconds": round(seconds, 2),
+            "output_tok_s": round(generated / seconds, 1),
             "texts": [[m["content"] for m in chat if m["role"] == "assistant"] for chat in chats],
         }
     finally:
@@ -175,6 +189,8 @@ def main() -> None:
     ap.add_argument(
         "--concurrent", action="store_true", help="send every conversation's turn at once"
     )
+    ap.add_argument("--pin", action="store_true", help="replica i on core i alone, one thread")
+    ap.add_argument("--router-args", default="", help="more vllm-router flags, one string")
     args = ap.parse_args()
     router = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
     rows = []
@@ -193,7 +209,9 @@ def main() -> None:
         "rows": [{k: v for k, v in r.items() if k != "texts"} for r in rows],
     }
     out["concurrent"] = args.concurrent
-    suffix = "-concurrent" if args.concurrent else ""
+    out["pinned"] = args.pin
+    out["router_args"] = args.router_args
+    suffix = ("-concurrent" if args.concurrent else "") + ("-pinned" if args.pin else "")
     path = RESULTS / f"replicas-{platform.machine()}{suffix}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
