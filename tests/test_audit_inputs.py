@@ -254,3 +254,35 @@ def test_half_sent_headers_are_closed_after_the_deadline(long_model_dir):
         )  # and whole requests are served, also after the deadline would have passed
         time.sleep(0.7)
         assert_serving(live)
+
+
+@pytest.mark.parametrize("protocol", ["lanes", "negative-control-uvicorn"])
+def test_responses_leave_without_waiting_for_an_ack(long_model_dir, protocol):
+    """`lanes serve` binds its port itself (proto 0), and there asyncio leaves Nagle's algorithm
+    on. A response's body then waited behind its headers for the client's delayed ACK (~40 ms
+    on every vllm-router call to a replica). lanes' protocol sets TCP_NODELAY on each connection;
+    uvicorn's own protocol on the same socket leaves it off."""
+    import socket
+
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from lanes.http_protocol import HeaderDeadlineH11
+
+    seen = []
+
+    class Recording(HeaderDeadlineH11 if protocol == "lanes" else H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    live = LiveServer(build_engine(str(long_model_dir)))
+    assert live.sock.proto == 0  # as `lanes serve` binds it
+    live.server = uvicorn.Server(uvicorn.Config(live.app, log_level="warning", http=Recording))
+    live.thread = threading.Thread(
+        target=live.server.run, kwargs={"sockets": [live.sock]}, daemon=True
+    )
+    with live:
+        assert_serving(live)
+    assert seen and all(bool(v) == (protocol == "lanes") for v in seen), seen
