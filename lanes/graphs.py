@@ -33,17 +33,6 @@ from lanes.lane_rows import LaneRows
 from lanes.models.decoder import Decoder
 
 LANE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-log = logging.getLogger("lanes")
-
-
-def log_first_use(kind: str, key: tuple, start: float) -> None:
-    """A graph captured inside a round rather than at start stalls every lane of that round:
-    say so (INFO), with its key and what it took."""
-    log.info(
-        "%s %s captured at first use in %.0f ms", kind, key, (time.perf_counter() - start) * 1e3
-    )
-
-
 MAX_TOKENS_PER_LANE = 16
 
 
@@ -110,6 +99,17 @@ def valid_slots(row: tuple[list[int], int] | None, blocks: list[int], block_size
     pairs = enumerate(zip(old, blocks, strict=False))
     same = next((j for j, (a, b) in pairs if a != b), min(len(old), len(blocks)))
     return min(written, same * block_size)
+
+
+log = logging.getLogger("lanes")
+
+
+def log_first_use(kind: str, key: tuple, start: float) -> None:
+    """A graph captured inside a round rather than at start stalls every lane of that round:
+    say so (INFO), with its key and what it took."""
+    log.info(
+        "%s %s captured at first use in %.0f ms", kind, key, (time.perf_counter() - start) * 1e3
+    )
 
 
 class _Graph:
