@@ -280,7 +280,8 @@ class AsyncEngine:
             self._drain_calls(ShuttingDown("the server is shutting down"))
 
     def _drain_calls(self, error: Exception) -> None:
-        """Commands queued behind a stop: nobody will run them, so they fail (never hang)."""
+        """Commands queued behind a stop (or a dead engine thread): nobody will run them, so they
+        fail (never hang)."""
         while True:
             try:
                 command = self._commands.get_nowait()
@@ -323,17 +324,7 @@ class AsyncEngine:
         for t in self._tracked.values():
             t.post(Failed(error))
         self._tracked.clear()
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if command[0] == "submit":
-                for _, post in command[1]:
-                    post(Failed(error))
-            elif command[0] == "call":
-                with contextlib.suppress(concurrent.futures.InvalidStateError):
-                    command[2].set_exception(error)
+        self._drain_calls(error)
 
     def _publish_snapshot(self, check: bool) -> None:
         """Publish what /metrics and /debug/kv read; the integrity check at most every

@@ -53,6 +53,18 @@ def computed(n: int):
     return lambda lane: lane.num_computed >= n
 
 
+def assert_resumed_equals_fresh(model_dir, seeded: bool) -> None:
+    """cancel_prefill at 3 blocks on `model_dir`'s engine keeps them; the retry continues from
+    them and equals a fresh run, tokens and logprobs (the other families' tests use this)."""
+    engine = build_engine(str(model_dir), EngineConfig(block_size=BS, prefill_chunk=BS))
+    params = SEEDED if seeded else GREEDY
+    assert run(engine, params, cancel_when=computed(3 * BS)).finish_reason == "cancelled"
+    retry = run(engine, params)
+    assert retry.cached_tokens == 3 * BS
+    ref = fresh(engine, params)
+    assert (retry.token_ids, retry.logprobs) == (ref.token_ids, ref.logprobs)
+
+
 def generated(n: int):
     return lambda lane: len(lane.output_ids) >= n
 

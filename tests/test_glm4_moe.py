@@ -111,17 +111,9 @@ def test_negative_control_fast_glm_depends_on_the_batch(glm):
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 def test_resumed_equals_fresh(glm, seeded):
-    from tests.test_cancel import BS, computed, fresh, run
-    from tests.test_cancel import GREEDY as G
-    from tests.test_cancel import SEEDED as S
+    from tests.test_cancel import assert_resumed_equals_fresh
 
-    engine = build_engine(str(glm[0]), EngineConfig(block_size=BS, prefill_chunk=BS))
-    params = S if seeded else G
-    assert run(engine, params, cancel_when=computed(3 * BS)).finish_reason == "cancelled"
-    retry = run(engine, params)
-    assert retry.cached_tokens == 3 * BS
-    ref = fresh(engine, params)
-    assert (retry.token_ids, retry.logprobs) == (ref.token_ids, ref.logprobs)
+    assert_resumed_equals_fresh(glm[0], seeded)
 
 
 def test_negative_control_a_plain_sigmoid_makes_rows_depend_on_their_place(glm, monkeypatch):

@@ -167,12 +167,6 @@ def test_what_moe_does_not_support_yet_is_refused(moe, tmp_path):
 def test_resumed_equals_fresh(moe, seeded):
     """cancel_prefill on a MoE lane keeps its blocks; the retry continues and equals a fresh run
     (tests/test_cancel.py's harness, on the MoE model)."""
-    from tests.test_cancel import BS, GREEDY, SEEDED, computed, fresh, run
+    from tests.test_cancel import assert_resumed_equals_fresh
 
-    engine = build_engine(str(moe[0]), EngineConfig(block_size=BS, prefill_chunk=BS))
-    params = SEEDED if seeded else GREEDY
-    assert run(engine, params, cancel_when=computed(3 * BS)).finish_reason == "cancelled"
-    retry = run(engine, params)
-    assert retry.cached_tokens == 3 * BS
-    ref = fresh(engine, params)
-    assert (retry.token_ids, retry.logprobs) == (ref.token_ids, ref.logprobs)
+    assert_resumed_equals_fresh(moe[0], seeded)

@@ -31,6 +31,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_ready(url: str, proc: subprocess.Popen, what: str, seconds: float = 60) -> None:
+    """Until `url` answers 200; the process is killed and the test fails if it does not."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.2)
+
+
 def _cached(server: LiveServer) -> float:
     text = server.get("/metrics")
     line = next(x for x in text.splitlines() if x.startswith("lanes_cached_prompt_tokens_total"))
@@ -64,17 +79,7 @@ def _router(workers):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("vllm-router did not start") from None
-            time.sleep(0.2)
+    _wait_ready(url + "/v1/models", proc, "vllm-router")
     try:
         yield url
     finally:
@@ -162,17 +167,8 @@ def _replica(model_dir: Path, port: int) -> subprocess.Popen:
          "--port", str(port), "--served-model-name", "tiny"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("lanes serve did not start") from None
-            time.sleep(0.2)
+    _wait_ready(f"http://127.0.0.1:{port}/health", proc, "lanes serve", seconds=120)
+    return proc
 
 
 def _stream(url: str, messages: list[dict], max_tokens: int, out: dict) -> None:
@@ -236,15 +232,7 @@ def test_a_replica_killed_mid_stream_loses_nothing_else(long_model_dir):
     )  # fmt: skip
     router_url = f"http://127.0.0.1:{router_port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(router_url + "/v1/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.time() < deadline and router.poll() is None, "router did not start"
-                time.sleep(0.2)
+        _wait_ready(router_url + "/v1/models", router, "vllm-router")
         messages = [{"role": "user", "content": "count with me"}]
         answer: dict = {}
         _stream(urls[1], messages, 1500, answer)  # the answer, from one replica directly
