@@ -31,6 +31,8 @@ class Draft:
     logprobs: torch.Tensor | None = None
     rows: tuple[int, ...] = ()
     source: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # a draft tree's other root-to-leaf paths, host ids (lanes.rounds.Step.branches)
+    branches: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -102,9 +104,12 @@ class Proposer:
     - `prefill(chunks)` after every forward, with that forward's prompt chunks of drafting lanes:
       a drafter with its own KV computes the same chunks, inside the same round (its time
       counts in the round's measured time, hence in the share allocator's cost model);
-    - `propose(lanes, num_drafts)` once before the round's forwards: up to num_drafts[i] tokens
-      continuing lane i's known tokens (fewer, or none, is always allowed), on the host or left
-      on the device (`Draft.source`), so the host need not wait for the drafter's forwards;
+    - `propose(lanes, num_drafts, num_branches)` once before the round's forwards: up to
+      num_drafts[i] tokens continuing lane i's known tokens (fewer, or none, is always allowed),
+      on the host or left on the device (`Draft.source`), so the host need not wait for the
+      drafter's forwards; a proposer that can draft trees may add up to num_branches[i] - 1
+      other paths from the same root (`Draft.branches`, host ids, each at most num_drafts[i]
+      long); the others ignore num_branches;
     - `accepted(lane)` after the lane's drafts were verified: `lane.num_computed` says how much
       of the lane is now settled; state past it must be rolled back;
     - `release(lane)` when the lane ends or is preempted: drop everything kept for it;
@@ -126,7 +131,12 @@ class Proposer:
     def prefill(self, chunks: Sequence[Chunk]) -> None:
         return None
 
-    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(
+        self,
+        lanes: Sequence[LaneView],
+        num_drafts: Sequence[int],
+        num_branches: Sequence[int] | None = None,
+    ) -> list[Draft]:
         raise NotImplementedError
 
     def accepted(self, lane: LaneView) -> None:

@@ -32,11 +32,19 @@ class HybridProposer(Proposer):
     def observe(self, lane: LaneView, start: int, hidden) -> None:
         self.head.observe(lane, start, hidden)
 
-    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(
+        self,
+        lanes: Sequence[LaneView],
+        num_drafts: Sequence[int],
+        num_branches: Sequence[int] | None = None,
+    ) -> list[Draft]:
         found = self.lookup.propose(lanes, num_drafts)
         rest = [i for i, d in enumerate(found) if not d.num_tokens]
         if rest:
-            drafted = self.head.propose([lanes[i] for i in rest], [num_drafts[i] for i in rest])
+            args = [[lanes[i] for i in rest], [num_drafts[i] for i in rest]]
+            if num_branches is not None:
+                args.append([num_branches[i] for i in rest])
+            drafted = self.head.propose(*args)
             for i, d in zip(rest, drafted, strict=True):
                 found[i] = d
         return found

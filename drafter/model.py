@@ -138,7 +138,9 @@ class ModelDrafter(Proposer):
             for shadow, r in todo:
                 shadow.num_computed = r.end
 
-    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(
+        self, lanes: Sequence[LaneView], num_drafts: Sequence[int], num_branches=None
+    ) -> list[Draft]:
         drafts: dict[int, list[int]] = {lane.request_id: [] for lane in lanes}
         logprobs: dict[int, list[torch.Tensor]] = {lane.request_id: [] for lane in lanes}
         wanted: dict[int, int] = {}  # request id -> drafts to make

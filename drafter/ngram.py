@@ -36,7 +36,9 @@ class NgramProposer(Proposer):
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(
+        self, lanes: Sequence[LaneView], num_drafts: Sequence[int], num_branches=None
+    ) -> list[Draft]:
         return [
             Draft(
                 ngram_continuation(np.asarray(lane.all_ids()), k, self.min_n, self.max_n)

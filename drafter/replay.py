@@ -26,16 +26,30 @@ class ReplayProposer(Proposer):
         self.acceptance = acceptance
         self.vocab_size = vocab_size
 
-    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(
+        self,
+        lanes: Sequence[LaneView],
+        num_drafts: Sequence[int],
+        num_branches: Sequence[int] | None = None,
+    ) -> list[Draft]:
+        """Each branch b (the lane's own drafts: b = 0) is right at each token with the set
+        probability, by noise of its own: a branch may go on where another went wrong."""
+        num_branches = num_branches or [1] * len(lanes)
         drafts = []
-        for lane, k in zip(lanes, num_drafts, strict=True):
+        for lane, k, w in zip(lanes, num_drafts, num_branches, strict=True):
             record = self.recordings.get(tuple(lane.prompt_ids), [])
             first = lane.num_known - len(lane.prompt_ids)  # index of the next output token
-            tokens = []
-            for j in range(min(k, len(record) - first)):
-                right = record[first + j]
-                # A pure function of (seed, position): the same drafts whatever the batch.
-                u = uniform_at(lane.params.seed, lane.num_known + j, _STREAM_REPLAY)
-                tokens.append(right if u < self.acceptance else (right + 1) % self.vocab_size)
-            drafts.append(Draft(tuple(tokens)))
+            paths = []
+            for b in range(w):
+                tokens = []
+                for j in range(min(k, len(record) - first)):
+                    right = record[first + j]
+                    # A pure function of (seed, position): the same drafts whatever the batch.
+                    u = uniform_at(lane.params.seed, lane.num_known + j, _STREAM_REPLAY, b)
+                    wrong = (right + 1 + b) % self.vocab_size
+                    tokens.append(right if u < self.acceptance else wrong)
+                if tokens and tuple(tokens) not in paths:
+                    paths.append(tuple(tokens))
+            own = paths[0] if paths else ()
+            drafts.append(Draft(own, branches=tuple(paths[1:])))
         return drafts

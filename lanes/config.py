@@ -471,6 +471,11 @@ class EngineConfig:
     prefetch_masks: bool = False
     drafter: str = "none"  # "none", "ngram", or a drafter model (HF dir, .gguf, repo id)
     num_draft_tokens: int = 4  # upper bound of the adaptive per-lane draft length
+    # draft trees as root-to-leaf branches (lanes/branch_scratch.py): an EAGLE-style head
+    # proposes this many chains per lane, each led by one of its best first tokens, and the
+    # target verifies them all in one forward. 1: a chain. Eager forwards only (not in CUDA
+    # graphs or device rounds yet), attention-only targets, one process
+    draft_branches: int = 1
     adaptive_drafts: bool = True  # False: always draft num_draft_tokens (acceptance benches)
     # with adaptive_drafts: k (0 = none) from measured round costs and acceptance
     # (lanes/draft_costs.py); False: k from acceptance alone. None: on CUDA, where it keeps a
@@ -511,6 +516,8 @@ class EngineConfig:
             raise ConfigError("state_snapshot_bytes must be >= 0")
         if not 0 <= self.num_draft_tokens <= 15:
             raise ConfigError(f"num_draft_tokens must be in [0, 15], got {self.num_draft_tokens}")
+        if not 1 <= self.draft_branches <= 8:
+            raise ConfigError(f"draft_branches must be in [1, 8], got {self.draft_branches}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ConfigError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
         if self.verify_mode not in ("coupled", "rejection"):

@@ -56,10 +56,12 @@ class Drafting:
         cost_aware: bool,
         device_drafts: bool,
         even_drafts: bool = False,
+        branches: int = 1,
     ) -> None:
         """device_drafts: drafts left on the device may feed the verify forward directly (not
         with tensor parallelism, whose ranks take host ids). even_drafts: the target's forwards
-        are graph replays, which take one token count for all lanes (`round_drafts`)."""
+        are graph replays, which take one token count for all lanes (`round_drafts`).
+        branches: draft branches per lane the target's runner can verify (1: chains)."""
         self.config = config
         self.proposer = proposer
         self.metrics = metrics
@@ -68,6 +70,7 @@ class Drafting:
         self.cost_aware = cost_aware
         self.device_drafts = device_drafts
         self.even_drafts = even_drafts
+        self.branches = branches
         self.costs = DraftCosts()  # what drafting costs here, measured (adaptive k)
         self.acceptance_prior = Lane.acceptance_ema  # running acceptance over all lanes
         self.forward_measured_at = 0  # metrics.num_rounds at the last plain round measured
@@ -161,13 +164,27 @@ class Drafting:
         self.costs.record(0, 0, seconds, 0.0)
         self.forward_measured_at = self.metrics.num_rounds
 
+    def num_branches(self, s: Step) -> int:
+        """Draft branches for a planned decode step: trees where the runner verifies them and
+        the lane's rows are sampled plainly (coupled, no logits processing: a grammar's or a
+        penalty's row context is one path), from its newest token."""
+        p = s.lane.params
+        plain = not p.processes_logits and (p.is_greedy or self.config.verify_mode == "coupled")
+        return self.branches if plain and s.start == s.lane.num_known - 1 else 1
+
     def fill(self, plan: LaneRound) -> LaneRound:
         """Ask the proposer for the planned draft slots; decode steps become verify steps."""
         wanting = [s for s in plan.decode if s.num_drafts]
         if not wanting:
             return plan
         start = self.clock()
-        drafts = self.proposer.propose([s.lane for s in wanting], [s.num_drafts for s in wanting])
+        widths = [self.num_branches(s) for s in wanting]
+        lanes, ks = [s.lane for s in wanting], [s.num_drafts for s in wanting]
+        if max(widths) > 1:
+            drafts = self.proposer.propose(lanes, ks, widths)
+        else:
+            drafts = self.proposer.propose(lanes, ks)
+        width = {id(s.lane): w for s, w in zip(wanting, widths, strict=True)}
         by_lane = {id(s.lane): d for s, d in zip(wanting, drafts, strict=True)}
         decode = []
         for s in plan.decode:
@@ -182,6 +199,9 @@ class Drafting:
                 ids = d.host_ids()[: s.num_drafts]
                 lp = d.logprobs[: len(ids)] if d.logprobs is not None else None
                 n, drafts = len(ids), {"draft_ids": ids, "draft_logprobs": lp}
+                others = [b[: s.num_drafts] for b in d.branches if b]
+                if others and width[id(s.lane)] > 1:
+                    drafts["branches"] = tuple(others[: width[id(s.lane)] - 1])
             decode.append(dataclasses.replace(s, end=s.end + n, num_logits=1 + n, **drafts))
         self.metrics.drafter_seconds += self.clock() - start
         return dataclasses.replace(plan, decode=tuple(decode))

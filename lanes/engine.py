@@ -124,6 +124,7 @@ class Engine:
             cfg, proposer, self.metrics, self.scheduler.max_len, clock,
             cost_aware=cost_aware, device_drafts=self.comm is None,
             even_drafts=self.runner.graphs is not None,
+            branches=self.runner.branches.branches if self.runner.branches and not self.comm else 1,
         )  # fmt: skip
         self.verifier = Verifier(
             cfg, self.ops.name == "triton", self.runner.row_params, self.masks, self.eos_token_ids

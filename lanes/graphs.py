@@ -242,6 +242,7 @@ class DecodeGraphs:
             s.num_tokens == tokens
             and s.num_logits == tokens
             and s.end <= self.max_ctx
+            and not s.branch  # draft branches run eagerly (their slots are not in the layout)
             and (s.features is not None) == (self.feature_row is not None)
             and (self.states is None or s.keep_states == (tokens > 1))
             for s in steps

@@ -37,6 +37,11 @@ class LaneRows:
     # [num_tokens, hidden]: target features the rows read (EAGLE-style drafters only)
     features: torch.Tensor | None = field(default=None, compare=False, repr=False)
     state_slot: int = -1  # hybrid models: the lane's recurrent-state slot
+    # a draft branch (lanes/branch_scratch.py): rows of branch `branch` > 0 keep the KV of
+    # positions from `fork` on in that branch's scratch slots, not the lane's blocks, and read
+    # positions before `fork` from the lane's blocks: a sibling's rows are never seen
+    branch: int = 0
+    fork: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +77,8 @@ def rows_of(
     draft_rows: tuple[int, ...] = (),
     draft_source: torch.Tensor | None = None,
     features: torch.Tensor | None = None,
+    branch: int = 0,
+    fork: int = 0,
 ) -> LaneRows:
     """Positions [start, end) of `source`: its known tokens, then `draft_ids`; a pending first
     token and device drafts read 0 (the runner fills them in)."""
@@ -94,4 +101,6 @@ def rows_of(
         draft_source=draft_source,
         features=features,
         state_slot=getattr(source, "state_slot", -1),  # drafters' shadows have none
+        branch=branch,
+        fork=fork,
     )

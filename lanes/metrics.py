@@ -45,6 +45,8 @@ class EngineMetrics:
     num_drafted: int = 0  # draft tokens verified (of ended requests)
     num_accepted: int = 0  # of them, kept
     num_verify_steps: int = 0
+    # verify steps whose kept tokens came from a draft branch other than the lane's own chain
+    num_branches_followed: int = 0
     # per draft position (of ended requests): drafts verified there, and kept
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)

@@ -32,7 +32,7 @@ from lanes.round_book import RoundBook
 from lanes.rounds import LaneRound, Step, lane_rows
 from lanes.runner import ModelRunner
 from lanes.scheduler import Scheduler
-from lanes.speculation import coupled_from_samples
+from lanes.speculation import coupled_branches_from_samples, coupled_from_samples
 from lanes.verifier import Emitted, Verifier
 
 log = logging.getLogger("lanes")
@@ -127,10 +127,10 @@ class RoundExecution:
         row = hidden_row = 0
         now = None if sampled is None else self.clock()  # sampled: the read-back has synced
         for s in steps:
-            rows_hidden = None if hidden is None else hidden[hidden_row : hidden_row + s.num_tokens]
-            hidden_row += s.num_tokens
-            rows = slice(row, row + s.num_logits)
-            row += s.num_logits
+            rows_hidden = None if hidden is None else hidden[hidden_row : hidden_row + s.num_rows]
+            hidden_row += s.num_rows
+            rows = slice(row, row + s.num_logits_rows)
+            row += s.num_logits_rows
             try:
                 if not s.samples:
                     chunk_ends.append((s.lane, s.end))
@@ -138,15 +138,23 @@ class RoundExecution:
                         self.recurrent.after_prefill(s.lane, s.end)
                     self.drafting.observe(s, rows_hidden, s.end)
                     continue
+                branch = 0
                 if sampled is not None and sampled[0][rows.start] is not None:
                     tokens, logprobs = sampled[0][rows], sampled[1][rows]
-                    emitted = coupled_from_samples(s.draft_ids, tokens, logprobs)
+                    if s.branches:
+                        emitted, branch = coupled_branches_from_samples(
+                            s.draft_paths, tokens, logprobs
+                        )
+                    else:
+                        emitted = coupled_from_samples(s.draft_ids, tokens, logprobs)
                     emitted = [(t, lp, None) for t, lp in emitted]
+                elif s.branches:
+                    emitted, branch = self.verifier.verify_branches_on_host(s, logits[rows])
                 else:
                     emitted = self.verifier.verify_on_host(s, logits[rows])
                 # the first token read back synchronises with the device: stamp times after it
                 now = now if now is not None else self.clock()
-                done = self.take_tokens(s, emitted, rows_hidden, now)
+                done = self.take_tokens(s, emitted, rows_hidden, now, branch)
             except Exception as e:  # this lane's sampling or output broke; the others go on
                 ended.append(self.output.fail(s.lane, e))
                 continue
@@ -156,10 +164,10 @@ class RoundExecution:
         return ended
 
     def take_tokens(
-        self, s: Step, emitted: Emitted, hidden: torch.Tensor | None, now: float
+        self, s: Step, emitted: Emitted, hidden: torch.Tensor | None, now: float, branch: int = 0
     ) -> Completion | None:
-        """Append one step's emitted tokens (token, logprob, top alternatives); the lane's
-        Completion if it ended."""
+        """Append one step's emitted tokens (token, logprob, top alternatives), which followed
+        draft branch `branch` (0: the step's own drafts); the lane's Completion if it ended."""
         lane = s.lane
         lane.num_sampling_steps += 1
         if s.draft_ids:
@@ -171,7 +179,16 @@ class RoundExecution:
                 break
         # KV is valid up to the last kept token's input; rejected drafts' positions are not.
         # Set before a lane that ends here is released, so its last chunk is published too.
-        lane.num_computed = min(s.end, lane.num_known - 1)
+        # (a step with branches: its root and the drafts kept on the branch followed)
+        kept_end = s.start + len(emitted) if s.branches else s.end
+        lane.num_computed = min(kept_end, lane.num_known - 1)
+        if branch:  # the kept drafts' KV is in the branch's scratch: into the lane's blocks
+            self.drafting.metrics.num_branches_followed += 1
+            kept = range(s.start + 1, lane.num_computed)
+            self.runner.adopt_branch(lane.slot, branch, s.start, kept)
+            if hidden is not None:  # the features of the branch's rows
+                first = s.num_tokens + sum(1 + len(b) for b in s.branches[: branch - 1])
+                hidden = hidden[first:]
         if self.recurrent is not None:  # the state back to the last kept position; a snapshot
             self.recurrent.settle(lane)  # where the lane stands on a block boundary
             self.scheduler.key_blocks(lane)

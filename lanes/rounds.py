@@ -50,10 +50,30 @@ class Step:
     # engine reads them back with the verify forward's samples.
     draft_rows: tuple[int, ...] = ()
     draft_source: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # A draft tree's other root-to-leaf paths (lanes/branch_scratch.py): branch b (1, 2, ...)
+    # repeats the step's root (its first token, the lane's newest) with drafts branches[b - 1],
+    # in rows of its own after the step's; the verifier follows the target's samples through
+    # them all (lanes/speculation.walk_branches).
+    branches: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
         return self.end - self.start
+
+    @property
+    def num_rows(self) -> int:
+        """The step's rows in the forward: its own and its branches'."""
+        return self.num_tokens + sum(1 + len(b) for b in self.branches)
+
+    @property
+    def num_logits_rows(self) -> int:
+        """The logits rows the step yields: its own and every branch row."""
+        return self.num_logits + sum(1 + len(b) for b in self.branches)
+
+    @property
+    def draft_paths(self) -> tuple[tuple[int, ...], ...]:
+        """The drafts of every branch, the step's own first."""
+        return (self.draft_ids, *self.branches)
 
     @property
     def samples(self) -> bool:
@@ -68,18 +88,31 @@ class Step:
     def num_drafted(self) -> int:
         return len(self.draft_rows) if self.draft_source is not None else len(self.draft_ids)
 
-    def rows(self) -> LaneRows:
+    def rows(self) -> list[LaneRows]:
         """This step as the runner takes it: the lane named by its slot, its blocks and token
-        ids as plain data (lanes/lane_rows.py)."""
-        return rows_of(
+        ids as plain data (lanes/lane_rows.py); then each branch's rows, forked at the root."""
+        own = rows_of(
             self.lane, self.start, self.end,
             num_logits=self.num_logits, draft_ids=self.draft_ids, pending_row=self.pending_row,
             draft_rows=self.draft_rows, draft_source=self.draft_source, features=self.features,
         )  # fmt: skip
+        root = self.lane.num_known - 1
+        return [own] + [
+            rows_of(
+                self.lane,
+                root,
+                root + 1 + len(drafts),
+                num_logits=1 + len(drafts),
+                draft_ids=drafts,
+                branch=b,
+                fork=root,
+            )  # fmt: skip
+            for b, drafts in enumerate(self.branches, 1)
+        ]
 
 
 def lane_rows(steps: Sequence[Step]) -> list[LaneRows]:
-    return [s.rows() for s in steps]
+    return [r for s in steps for r in s.rows()]
 
 
 @dataclass(frozen=True)

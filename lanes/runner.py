@@ -9,6 +9,7 @@ import torch
 
 from lanes.batch import ForwardBatch, SeqSlice, fill_pending
 from lanes.block_tables import BlockTables
+from lanes.branch_scratch import BranchScratch
 from lanes.cache.kv_pool import KVPool
 from lanes.device_sampling import ParamsOnDevice
 from lanes.lane_rows import LaneRows
@@ -17,11 +18,20 @@ from lanes.models.decoder import Decoder
 
 class ModelRunner:
     def __init__(
-        self, decoder: Decoder, kv: KVPool, device: str, tables: BlockTables, graphs=None
+        self,
+        decoder: Decoder,
+        kv: KVPool,
+        device: str,
+        tables: BlockTables,
+        graphs=None,
+        branches: BranchScratch | None = None,
     ) -> None:
         self.decoder = decoder
         self.kv = kv
-        self.num_blocks = kv.num_blocks - 1  # blocks the engine hands out (see build_runner)
+        self.branches = branches  # where draft branches keep their KV (None: chains only)
+        # blocks the engine hands out: the pool less the padding block and any branch scratch
+        pooled = kv.num_blocks if branches is None else branches.base // kv.block_size
+        self.num_blocks = pooled - 1
         self.device = device
         self.tables = tables  # every lane's blocks by slot, on the host and the device
         self.row_params = ParamsOnDevice()  # the sampled rows' parameters, on the device
@@ -46,29 +56,42 @@ class ModelRunner:
         slots: list[int] = []
         logits_rows: list[int] = []
         firsts: list[int] = []
+        reads: list[int] = []  # branch rows: the slots of [fork, end) they read, lane by lane
         for r in rows:
             firsts.append(len(ids))
             ids.extend(r.token_ids)
             positions.extend(range(r.start, r.end))
-            slots.extend(self.tables.row(r.slot).slots(r.start, r.end))
+            if r.branch:
+                slots.extend(self.branch_slots(r, range(r.start - r.fork, r.end - r.fork)))
+                reads.extend(self._branch_reads(r))
+            else:
+                slots.extend(self.tables.row(r.slot).slots(r.start, r.end))
             wanted = r.num_tokens if all_logits else r.num_logits
             logits_rows.extend(range(len(ids) - wanted, len(ids)))
-        context = self.tables.context_slots([(r.slot, r.end) for r in rows])
-        seqs, at = [], 0
+        # a branch's context: the lane's blocks before its fork, then its own slots
+        context = self.tables.context_slots([(r.slot, r.fork if r.branch else r.end) for r in rows])
+        staged = _to_device(ids + positions + slots + logits_rows + reads, self.device)
+        n = len(ids)
+        tail = staged[3 * n + len(logits_rows) :]
+        seqs, at, read_at = [], 0, 0
         for r, first in zip(rows, firsts, strict=True):
+            if r.branch:
+                own = r.end - r.fork
+                kv_slots = torch.cat([context[at : at + r.fork], tail[read_at : read_at + own]])
+                at, read_at = at + r.fork, read_at + own
+            else:
+                kv_slots = context[at : at + r.end]
+                at += r.end
             seqs.append(
                 SeqSlice(
                     query_start=first,
                     num_queries=r.num_tokens,
                     context_len=r.end,
-                    kv_slots=context[at : at + r.end],
+                    kv_slots=kv_slots,
                     state_slot=r.state_slot,
                     keep_states=r.keep_states,
                 )
             )
-            at += r.end
-        staged = _to_device(ids + positions + slots + logits_rows, self.device)
-        n = len(ids)
         input_ids = staged[:n]
         fill_pending(input_ids, firsts, rows, previous_tokens)
         features = None
@@ -79,9 +102,32 @@ class ModelRunner:
             positions=staged[n : 2 * n],
             slot_mapping=staged[2 * n : 3 * n],
             seqs=tuple(seqs),
-            logits_indices=staged[3 * n :],
+            logits_indices=staged[3 * n : 3 * n + len(logits_rows)],
             features=features,
         )
+
+    def branch_slots(self, r: LaneRows, offsets: range) -> list[int]:
+        """The scratch slots of branch rows' positions r.fork + offsets."""
+        if r.start < r.fork or self.branches is None:
+            raise ValueError(f"branch rows [{r.start}, {r.end}) before their fork {r.fork}")
+        return self.branches.slots(r.slot, r.branch, offsets)
+
+    def _branch_reads(self, r: LaneRows) -> list[int]:
+        """The slots a branch's rows read for positions [fork, end): its own (a test replaces
+        this with a sibling's, the negative control of the tree tests)."""
+        return self.branch_slots(r, range(r.end - r.fork))
+
+    def adopt_branch(self, slot: int, branch: int, fork: int, positions: range) -> None:
+        """A branch's KV at `positions` (kept by verification) moves into the lane's own slots
+        there, every layer in one copy each for K and V."""
+        if not positions or not branch:
+            return
+        offsets = range(positions.start - fork, positions.stop - fork)
+        src = self.branches.slots(slot, branch, offsets)
+        dst = self.tables.row(slot).slots(positions.start, positions.stop)
+        index = torch.tensor([src, dst], dtype=torch.int64).to(self.device, non_blocking=True)
+        for cache in (self.kv.k, self.kv.v):
+            cache[:, index[1]] = cache[:, index[0]]
 
     def catch_up_logits(self, num_tokens: int) -> int:
         """Logits rows a drafter's catch-up step of `num_tokens` rows should ask for when it
@@ -129,12 +175,20 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
     """A runner with its KV pool and, on CUDA with Triton ops, CUDA graphs for decode.
 
     The pool holds one block more than the block pool hands out: the scratch block that
-    CUDA-graph padding lanes write to.
+    CUDA-graph padding lanes write to; and, with draft branches, their scratch slots after it
+    (lanes/branch_scratch.py; attention-only models: a hybrid's recurrent state has no branches).
     """
     mc, bs = decoder.cfg, config.block_size
+    branches = None
+    if config.draft_branches > 1 and not mc.is_hybrid:
+        depth = config.num_draft_tokens + 1  # the root and a branch's drafts
+        base = (num_blocks + 1) * bs
+        branches = BranchScratch(base, config.max_lanes, config.draft_branches, depth)
+    extra = 0 if branches is None else -(-branches.num_slots(
+        branches.num_lanes, branches.branches, branches.depth) // bs)  # fmt: skip
     kv = KVPool(
         len(mc.attention_layers),
-        num_blocks + 1,
+        num_blocks + 1 + extra,
         bs,
         mc.num_kv_heads,
         mc.head_dim,
@@ -159,4 +213,4 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         from lanes.graphs import DecodeGraphs
 
         graphs = DecodeGraphs(decoder, kv, tables, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
-    return ModelRunner(decoder, kv, config.device, tables, graphs)
+    return ModelRunner(decoder, kv, config.device, tables, graphs, branches)

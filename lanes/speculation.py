@@ -12,7 +12,8 @@ The output follows the target's distribution but is not the undrafted stream tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -98,6 +99,49 @@ def coupled_from_samples(
         if j == len(drafts) or token != drafts[j]:
             break
     return out
+
+
+Sample = TypeVar("Sample")
+
+
+def coupled_branches_from_samples(
+    paths: Sequence[Sequence[int]], tokens: list[int], logprobs: list[float]
+) -> tuple[list[tuple[int, float]], int]:
+    """`walk_branches` over rows already sampled (each branch's rows after the previous
+    branch's): the emitted tokens with logprobs, and the branch followed."""
+    starts = [0]
+    for drafts in paths:
+        starts.append(starts[-1] + 1 + len(drafts))
+    emitted, branch, _ = walk_branches(
+        paths, lambda b, j: (tokens[starts[b] + j], logprobs[starts[b] + j])
+    )
+    return emitted, branch
+
+
+def walk_branches(
+    paths: Sequence[Sequence[int]], sample_at: Callable[[int, int], tuple[int, Sample]]
+) -> tuple[list[tuple[int, Sample]], int, int]:
+    """Coupled verification of a draft tree given as root-to-leaf paths (branch b's drafts
+    paths[b]; row j of a branch predicts the token after its root and j drafts). From the root,
+    the target's own sample at each depth picks the branches whose next draft equals it, and
+    the walk goes on along them; the first depth none continues emits that sample and ends. So
+    the emitted tokens are the ones undrafted decoding samples, whatever the tree holds.
+
+    sample_at(b, j): the target's sample at row j of branch b, (token, anything kept with it);
+    asked only along the walk, of the lowest branch still followed (branches that agree so far
+    hold the same tokens, so their rows have the same bits). Returns (emitted, the branch
+    followed last, the number of its drafts kept)."""
+    alive = list(range(len(paths)))
+    out = []
+    depth = 0
+    while True:
+        branch = alive[0]
+        token, kept = sample_at(branch, depth)
+        out.append((token, kept))
+        alive = [b for b in alive if depth < len(paths[b]) and paths[b][depth] == token]
+        if not alive:
+            return out, branch, depth
+        depth += 1
 
 
 def _verify_rejection(row, num_rows, drafts, draft_logprobs, params, first_position):

@@ -24,8 +24,8 @@ from lanes.grammar import apply_mask
 from lanes.mask_prefetch import MaskPrefetch
 from lanes.penalties import RowContext, process_logits, process_rows
 from lanes.rounds import Step
-from lanes.sampling import SamplingParams
-from lanes.speculation import processes_on_device, samples_on_device, verify
+from lanes.sampling import SamplingParams, sample_row
+from lanes.speculation import processes_on_device, samples_on_device, verify, walk_branches
 
 Emitted = list[tuple[int, float, list[tuple[int, float]] | None]]  # (token, logprob, top)
 
@@ -70,12 +70,14 @@ class Verifier:
             if not s.samples:
                 continue
             if self.on_triton and self.samples_on_device(s.lane.params):
-                where += range(row, row + s.num_logits)
+                where += range(row, row + s.num_logits_rows)
                 first = s.first_sample_position
                 how += [(s.lane.params, first + j) for j in range(s.num_logits)]
+                for drafts in s.branches:  # a branch's rows stand after the same root
+                    how += [(s.lane.params, first + j) for j in range(1 + len(drafts))]
             elif self.processed_on_device(s.lane.params):
                 processed.append((i, row))
-            row += s.num_logits
+            row += s.num_logits_rows
         sources = list(
             {
                 id(s.draft_source): s.draft_source for s in steps if s.draft_source is not None
@@ -161,14 +163,30 @@ class Verifier:
             self.verify_mode, rows, s.draft_ids, s.draft_logprobs, p, s.first_sample_position,
             process,
         )  # fmt: skip
-        out = []
-        for token, logprobs in emitted:
-            top = None
-            if p.top_logprobs:
-                best = torch.topk(logprobs, p.top_logprobs)
-                top = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
-            out.append((token, float(logprobs[token]), top))
-        return out
+        return [self._emitted(p, token, logprobs) for token, logprobs in emitted]
+
+    def verify_branches_on_host(self, s: Step, rows: torch.Tensor) -> tuple[Emitted, int]:
+        """A step with draft branches, sampled on the host along the walk alone
+        (lanes.speculation.walk_branches): (emitted, the branch followed).
+        rows: every logits row of the step, its own then each branch's."""
+        p = s.lane.params
+        starts = [0]
+        for drafts in s.draft_paths:
+            starts.append(starts[-1] + 1 + len(drafts))
+
+        def sample_at(branch: int, j: int) -> tuple[int, torch.Tensor]:
+            return sample_row(rows[starts[branch] + j], p, s.first_sample_position + j, p.seed)
+
+        walked, branch, _ = walk_branches(s.draft_paths, sample_at)
+        return [self._emitted(p, t, lp) for t, lp in walked], branch
+
+    @staticmethod
+    def _emitted(p: SamplingParams, token: int, logprobs: torch.Tensor):
+        top = None
+        if p.top_logprobs:
+            best = torch.topk(logprobs, p.top_logprobs)
+            top = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+        return token, float(logprobs[token]), top
 
     @staticmethod
     def row_history(s: Step, j: int) -> list[int]:

@@ -45,7 +45,7 @@ class SlowReplay(ReplayProposer):
         super().__init__(*args)
         self.delay = delay
 
-    def propose(self, lanes, num_drafts):
+    def propose(self, lanes, num_drafts, num_branches=None):
         time.sleep(self.delay)
         return super().propose(lanes, num_drafts)
 

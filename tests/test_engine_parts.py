@@ -201,7 +201,7 @@ def test_a_failure_ends_its_lane_with_an_error_and_keeps_the_others():
 
 
 class Fixed(Proposer):
-    def propose(self, lanes, num_drafts):
+    def propose(self, lanes, num_drafts, num_branches=None):
         return [Draft(tuple(range(7, 7 + k))) for k in num_drafts]
 
 

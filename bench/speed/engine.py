@@ -49,7 +49,7 @@ class CostedReplay(Proposer):
     def prefill(self, steps):
         self.drafter.prefill(steps)
 
-    def propose(self, lanes, num_drafts) -> list[Draft]:
+    def propose(self, lanes, num_drafts, num_branches=None) -> list[Draft]:
         made = self.drafter.propose(lanes, num_drafts)  # spent for its time; tokens dropped
         replayed = self.replay.propose(lanes, num_drafts)
         on_device = next((d.source for d in made if d.source is not None), None)
