@@ -51,6 +51,7 @@ from lanes.config import ConfigError, EngineConfig, ModelConfig
 from lanes.device_sampling import DeviceChain, greedy_rows
 from lanes.drafter.base import Draft, Proposer, collect_drafts, run_chained
 from lanes.drafter.eagle3_format import is_eagle3_dir, load_eagle3
+from lanes.drafter.eagle_branches import propose_branches
 from lanes.drafter.eagle_parts import EagleParts
 from lanes.kernels.sampling import sample_with
 from lanes.lane_rows import rows_of
@@ -333,7 +334,14 @@ class EagleDrafter(Proposer):
         full[:, self.vocab] = logits
         return full
 
-    def propose(self, lanes: Sequence[LaneView], num_drafts: Sequence[int]) -> list[Draft]:
+    def propose(
+        self,
+        lanes: Sequence[LaneView],
+        num_drafts: Sequence[int],
+        num_branches: Sequence[int] | None = None,
+    ) -> list[Draft]:
+        if num_branches is not None and max(num_branches, default=1) > 1:
+            return propose_branches(self, lanes, num_drafts, num_branches)
         drafts: dict[int, list[int]] = {lane.request_id: [] for lane in lanes}
         logprobs: dict[int, list[torch.Tensor]] = {lane.request_id: [] for lane in lanes}
         wanted: dict[int, int] = {}

@@ -45,6 +45,7 @@ def _generate(args: argparse.Namespace) -> int:
         exact=not args.fast,
         drafter=args.drafter,
         num_draft_tokens=args.num_draft_tokens,
+        draft_branches=args.draft_branches,
         gguf_packed=args.gguf_packed,
     )
     engine = build_engine(args.model, config)
@@ -213,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
     gen.add_argument("--num-draft-tokens", type=int, default=4)
+    gen.add_argument(
+        "--draft-branches", type=int, default=1,
+        help="draft trees: an EAGLE-style head's chains per lane, each led by one of its best "
+        "first drafts, verified in one forward (1: a chain; eager forwards only for now)",
+    )  # fmt: skip
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     gen.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
@@ -359,6 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
     spec.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
     spec.add_argument("--num-draft-tokens", type=int, default=4)
+    spec.add_argument(
+        "--draft-branches", type=int, default=1,
+        help="draft trees: an EAGLE-style head's chains per lane, each led by one of its best "
+        "first drafts, verified in one forward (1: a chain; eager forwards only for now)",
+    )  # fmt: skip
     spec.add_argument(
         "--speculative-config",
         default=None,

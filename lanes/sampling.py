@@ -143,6 +143,27 @@ def sample_row(
     return sample_token(logits, p.temperature, p.top_k, p.top_p, seed, position)
 
 
+def ranked_tokens(logits: torch.Tensor, params: SamplingParams, position: int, n: int) -> list[int]:
+    """The n likeliest samples of one row [vocab], best first: `sample_row`'s token, then the
+    next by the same perturbed scores (log-probabilities plus the position's noise; plain
+    log-probabilities when greedy), tokens outside top-k / top-p left out. A drafter's
+    candidates for the roots of draft branches."""
+    p = params
+    first, logprobs = sample_token(logits, p.temperature, p.top_k, p.top_p, p.seed, position)
+    if n <= 1:
+        return [first]
+    scores = logprobs
+    if not p.is_greedy:
+        scores = logprobs + gumbel_noise(p.seed, position, logits.shape[-1], logits.device)
+    best = torch.topk(scores, min(n, scores.shape[-1]))
+    rest = [
+        int(t)
+        for t, v in zip(best.indices.tolist(), best.values.tolist(), strict=True)
+        if t != first and v != float("-inf")
+    ]
+    return [first, *rest][:n]
+
+
 def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Log-probabilities [vocab] of the distribution a row is sampled from."""
     return row_logprobs(logits, params.temperature, params.top_k, params.top_p)

@@ -53,6 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
         exact=not args.fast,
         drafter=drafter,
         num_draft_tokens=num_drafts,
+        draft_branches=args.draft_branches,
         prefill_share=args.prefill_share,
         max_lanes=args.max_lanes,
         max_tokens_per_round=(

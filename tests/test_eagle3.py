@@ -407,3 +407,67 @@ def test_a_repo_id_names_a_cached_head(target, tmp_path, monkeypatch):
     assert engine.proposer.target_features_prenorm
     paired = build_engine(str(target_dir), EngineConfig(drafter="org/eagle3-head+ngram"))
     assert paired.proposer.name == "eagle+ngram" and paired.proposer.head.source == str(snapshot)
+
+
+@torch.no_grad()
+def reference_branches(t, model, known, k, width):
+    """The head's draft branches continuing `known`: its `width` likeliest first drafts, each
+    followed greedily, every branch reading only its own drafts and guesses."""
+    hs = model(torch.tensor([known[:-1]]), output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[j][0] for j in t["aux_ids"]], -1) @ t["fc"].T
+    logits, pre = head_forward(t, model, list(known[1:]), feats)
+    firsts = [int(t["ids"][i]) for i in logits[-1].topk(width).indices]
+    branches = []
+    for first in firsts:
+        tokens, branch_feats, drafts = [*known[1:], first], torch.cat([feats, pre[-1:]]), [first]
+        for _ in range(k - 1):
+            logits_b, pre_b = head_forward(t, model, tokens, branch_feats)
+            drafts.append(int(t["ids"][logits_b[-1].argmax()]))
+            tokens.append(drafts[-1])
+            branch_feats = torch.cat([branch_feats, pre_b[-1:]])
+        branches.append(tuple(drafts))
+    return branches
+
+
+def test_head_branches_match_the_reference_and_keep_the_output(target, tmp_path, monkeypatch):
+    """--draft-branches 3: the head's branches are its three likeliest first drafts, each
+    continued as the reference head continues it; drafted output equals undrafted. Negative
+    control: branch rows of the head reading the lane's own rows past the fork."""
+    from lanes.runner import ModelRunner
+
+    target_dir, model = target
+    t = write_head(tmp_path / "head", model)
+    cfg = EngineConfig(
+        drafter=str(tmp_path / "head"), num_draft_tokens=K, adaptive_drafts=False, draft_branches=3
+    )
+
+    def rounds():
+        engine = build_engine(str(target_dir), cfg)
+        seen, propose = [], engine.proposer.propose
+
+        def recording(lanes, num_drafts, num_branches=None):
+            drafts = propose(lanes, num_drafts, num_branches)
+            seen.extend((lane.all_ids(), (d.token_ids, *d.branches)) for lane, d in zip(lanes, drafts, strict=True))  # fmt: skip
+            return drafts
+
+        engine.proposer.propose = recording
+        return seen, engine.generate(PROMPTS, GREEDY)
+
+    seen, got = rounds()
+    assert sum(len(paths) == 3 and len(paths[0]) == K for _, paths in seen) >= 4
+    for known, paths in seen:
+        want = reference_branches(t, model, known, len(paths[0]), len(paths))
+        assert list(paths) == [w[: len(p)] for w, p in zip(want, paths, strict=True)]
+    plain = build_engine(str(target_dir)).generate(
+        PROMPTS, dataclasses.replace(GREEDY, draft=False)
+    )
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain]
+
+    monkeypatch.setattr(
+        ModelRunner, "_branch_reads", lambda self, r: self.tables.row(r.slot).slots(r.fork, r.end)
+    )
+    seen, _ = rounds()
+    assert any(
+        list(paths[1:]) != reference_branches(t, model, known, len(paths[0]), len(paths))[1:]
+        for known, paths in seen
+    )
