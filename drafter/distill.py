@@ -384,15 +384,18 @@ def held_out_acceptance(
     new_tokens: int,
     device: str,
     num_draft_tokens: int = 4,
+    draft_branches: int = 1,
 ) -> dict:
     """Mean drafts kept per verify step at k = `num_draft_tokens` (no adaptive k), greedy and at
     temperature 0.7 (coupled), on prompts not trained on; and that the drafted output is the
-    undrafted one. `drafter`: any `--drafter` spec (a distill directory, DIR+ngram, ngram)."""
+    undrafted one. `drafter`: any `--drafter` spec (a distill directory, DIR+ngram, ngram);
+    `draft_branches`: trees of that many branches (lanes.drafter.eagle_branches)."""
     cfg = EngineConfig(
         device=device,
         drafter=str(drafter),
         num_draft_tokens=num_draft_tokens,
         adaptive_drafts=False,
+        draft_branches=draft_branches,
     )
     engine = build_engine(checkpoint=target, config=cfg)
     result = {}

@@ -46,7 +46,8 @@ def propose_branches(
             wanted[lane.request_id] = k
             end = shadow.num_known
             feats = shadow.features_until(end, head._zero)
-            rows = rows_of(shadow, shadow.num_computed, end, num_logits=1, features=feats)
+            n = head.runner.catch_up_logits(end - shadow.num_computed)  # fits a graph bucket
+            rows = rows_of(shadow, shadow.num_computed, end, num_logits=n, features=feats)
             steps.append((shadow, 0, rows))
     width = {lane.request_id: w for lane, w in zip(lanes, num_branches, strict=True)}
     j = 0
@@ -56,6 +57,8 @@ def propose_branches(
         hidden = head.runner.last_hidden
         ends = torch.tensor([r.num_tokens for r in rows]).cumsum(0) - 1
         guesses = hidden[ends.to(hidden.device)]  # each row's guess of the next feature
+        last = torch.tensor([r.num_logits for r in rows]).cumsum(0) - 1
+        logits = logits[last.to(logits.device)]  # each step's last logits row
         next_steps = []
         for i, (shadow, branch, r) in enumerate(steps):
             lane = shadow.lane

@@ -27,6 +27,7 @@ import torch
 
 from lanes.batch import ForwardBatch, LaneStates, fill_pending
 from lanes.block_tables import BlockTables
+from lanes.branch_scratch import BranchScratch
 from lanes.cache.state_pool import StatePool
 from lanes.kernels.attention import AttentionMeta, block_q_for
 from lanes.lane_rows import LaneRows
@@ -208,15 +209,19 @@ class DecodeGraphs:
         scratch_slot: int,
         max_ctx: int,
         eager: bool = False,
+        branches: BranchScratch | None = None,
     ) -> None:
         """With `eager`, each "replay" runs the forward on the same static buffers without a
-        graph (the CPU tests of the bucket layouts)."""
+        graph (the CPU tests of the bucket layouts). branches: where draft branches keep their
+        KV (a branch's rows are a lane of the bucket, its kv_slots row the lane's slots before
+        the fork and its own after)."""
         self.decoder = decoder
         self.eager = eager
         self.kv = kv
         self.tables = tables  # the runner's: each lane's blocks and slots, by slot
         self.scratch_slot = scratch_slot
         self.max_ctx = max_ctx
+        self.branches = branches
         self.group = decoder.cfg.num_heads // decoder.cfg.num_kv_heads
         self.device = decoder.weights.embed.device
         # EAGLE-style drafters: rows read features too (a zero row of their width and dtype)
@@ -242,7 +247,7 @@ class DecodeGraphs:
             s.num_tokens == tokens
             and s.num_logits == tokens
             and s.end <= self.max_ctx
-            and not s.branch  # draft branches run eagerly (their slots are not in the layout)
+            and (not s.branch or self.branches is not None)
             and (s.features is not None) == (self.feature_row is not None)
             and (self.states is None or s.keep_states == (tokens > 1))
             for s in steps
@@ -298,12 +303,22 @@ class DecodeGraphs:
                 valid = g.valid_slots(i, s.blocks, table.block_size)
                 ids += s.token_ids
                 pos += list(range(s.start, s.end))
-                slots += table.slots(s.start, s.end)
                 first.append(s.start)
                 ctx.append(s.end)
                 if self.states is not None:
                     self.states.check_position(s.state_slot, s.start)
                     state_slots.append(s.state_slot)
+                if s.branch:  # the lane's slots before the fork, the branch's own from it
+                    own = self.branches.slots(s.slot, s.branch, range(s.end - s.fork))
+                    slots += own[s.start - s.fork :]
+                    if valid < s.fork:
+                        where += range(i * c + valid, i * c + s.fork)
+                        what += table.slots(valid, s.fork)
+                    where += range(i * c + s.fork, i * c + s.end)
+                    what += own
+                    g.rows[i] = (list(s.blocks), s.fork)  # entries from the fork are not the lane's
+                    continue
+                slots += table.slots(s.start, s.end)
                 if valid < s.end:
                     where += range(i * c + valid, i * c + s.end)
                     what += table.slots(valid, s.end)

@@ -212,5 +212,7 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
     ):
         from lanes.graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(decoder, kv, tables, scratch_slot=num_blocks * bs, max_ctx=max_ctx)
+        graphs = DecodeGraphs(
+            decoder, kv, tables, scratch_slot=num_blocks * bs, max_ctx=max_ctx, branches=branches
+        )
     return ModelRunner(decoder, kv, config.device, tables, graphs, branches)

@@ -16,7 +16,7 @@ from lanes.runner import ModelRunner
 from lanes.speculation import walk_branches
 
 PROMPTS = [[5, 6, 7], [9, 3, 3, 8, 1], [2, 4], [7, 7, 1, 2, 3, 4, 5, 6, 11, 12]]
-GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True, seed=11)  # the replayed drafts' noise
 SEEDED = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
 
 
@@ -151,3 +151,35 @@ def test_on_the_device_sampler_branches_equal_undrafted_decoding(llama_dir, monk
     greedy = SamplingParams(**{**vars(GREEDY), **short})
     drafted, plain = _drafted_with_branches(engine, PROMPTS[:2], greedy)
     assert [d.token_ids for d in drafted] != [p.token_ids for p in plain]
+
+
+def test_branches_through_the_graph_buckets(llama_dir, monkeypatch):
+    """Each branch a lane of the CUDA-graph bucket (lanes.graphs; run without capture on the
+    CPU): its kv_slots row the lane's slots before the fork and its own after. Drafted output
+    equals undrafted, and the verify buckets held branch rows."""
+    import torch
+
+    from lanes.graphs import DecodeGraphs
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = _engine(
+        llama_dir, kernels="triton", device=device, dtype="float32", cuda_graphs=False,
+        num_draft_tokens=3, adaptive_drafts=False,
+    )  # fmt: skip
+    runner, bs = engine.runner, engine.config.block_size
+    positions = runner.num_blocks * bs
+    runner.graphs = DecodeGraphs(
+        runner.decoder, runner.kv, runner.tables, scratch_slot=positions,
+        max_ctx=min(runner.decoder.cfg.max_position_embeddings, positions), eager=True,
+        branches=runner.branches,
+    )  # fmt: skip
+    branch_rows = []
+    fill = DecodeGraphs._fill
+    monkeypatch.setattr(
+        DecodeGraphs, "_fill", lambda self, g, steps: (branch_rows.extend(s for s in steps if s.branch), fill(self, g, steps))[1]
+    )  # fmt: skip
+    params = SamplingParams(**{**vars(GREEDY), "max_tokens": 8})
+    drafted, plain = _drafted_with_branches(engine, PROMPTS[:2], params)
+    assert branch_rows and runner.graphs.num_replays > 0
+    assert engine.metrics.num_branches_followed > 0
+    assert [d.token_ids for d in drafted] == [p.token_ids for p in plain]

@@ -1,7 +1,7 @@
 """Acceptance at a fixed k on held-out chat prompts, greedy and at temperature 0.7 (coupled).
 
     python -m bench.drafters.acceptance [--set corpus|everyday] [--drafters ngram,DIR,DIR+ngram]
-        [--prompts 6] [--new-tokens 128] [--k 4] [--device cpu]
+        [--prompts 6] [--new-tokens 128] [--k 4] [--branches 1,3] [--device cpu]
 
 --set corpus: drafter/corpus.py chat prompts drawn with seed 12345 (training uses seed 0).
 --set everyday: bench/data/everyday_prompts.json, what users send (coding, math, writing,
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--branches", default="1", help="draft branches per lane, comma-separated")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--set", default="corpus", choices=["corpus", "everyday"])
     args = ap.parse_args()
@@ -68,11 +69,15 @@ def main() -> None:
         chats = chat_prompts(args.prompts, seed=12345, sources=sources)
         categories = ["corpus"] * len(chats)
     rows = []
-    for spec in args.drafters.split(","):
-        measured = held_out_acceptance(ckpt, spec, chats, args.new_tokens, args.device, args.k)
+    runs = [(spec, int(w)) for spec in args.drafters.split(",") for w in args.branches.split(",")]
+    for spec, width in runs:
+        measured = held_out_acceptance(
+            ckpt, spec, chats, args.new_tokens, args.device, args.k, width
+        )
         for temp, m in zip((0.0, SAMPLED_TEMPERATURE), measured.values(), strict=True):
             row = {
                 "drafter": spec.replace(str(SHIPPED), "shipped"),
+                "branches": width,
                 "temperature": temp,
                 **summarise(m["by_prompt"]),
                 "drafted_equals_undrafted": m["drafted_equals_undrafted"],
@@ -93,6 +98,7 @@ def main() -> None:
         + (", seed 12345" if args.set == "corpus" else ""),
         "new_tokens": args.new_tokens,
         "k": args.k,
+        "branches": args.branches,
     }
     name = "drafter-acceptance-" + ("everyday-" if args.set == "everyday" else "") + args.device
     out = RESULTS / f"{name}.json"

@@ -2,6 +2,7 @@
 
     python -m bench.drafters.concurrency [--model M] [--drafter D] [--device cpu]
         [--concurrency 1,4] [--prompts 8] [--new-tokens 64] [--passes 2]
+        [--draft-branches 1] [--num-draft-tokens 4] [--device-rounds auto|off]
 
 One engine (the default model and `make serve`'s drafter unless told otherwise); the held-out
 everyday questions (bench/data/everyday_prompts.json, never read by `lanes distill`) in groups
@@ -69,6 +70,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--cost-aware", choices=["on", "off"], default="on")
+    ap.add_argument("--draft-branches", type=int, default=1, help="draft trees of W branches")
+    ap.add_argument("--num-draft-tokens", type=int, default=EngineConfig.num_draft_tokens)
+    ap.add_argument("--device-rounds", choices=["auto", "off"], default="auto")
     ap.add_argument("--profile", type=int, default=0, help="profile one run at this concurrency")
     ap.add_argument("--verbose", action="store_true", help="the engine's INFO log (device rounds)")
     ap.add_argument(
@@ -87,7 +91,12 @@ def main() -> None:
         logging.basicConfig(level=logging.WARNING)
         logging.getLogger("lanes").setLevel(logging.INFO)
     cfg = EngineConfig(
-        device=args.device, drafter=args.drafter, cost_aware_drafts=args.cost_aware == "on"
+        device=args.device,
+        drafter=args.drafter,
+        cost_aware_drafts=args.cost_aware == "on",
+        draft_branches=args.draft_branches,
+        num_draft_tokens=args.num_draft_tokens,
+        device_rounds=False if args.device_rounds == "off" else None,
     )
     engine = build_engine(args.model, cfg)
     chats = everyday(args.prompts)
@@ -165,13 +174,23 @@ def main() -> None:
         "model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF)",
         "drafter": args.drafter,
         "cost_aware_drafts": args.cost_aware == "on",
+        "draft_branches": args.draft_branches,
+        "num_draft_tokens": args.num_draft_tokens,
+        "device_rounds": args.device_rounds,
         "prompts": len(chats),
         "new_tokens": args.new_tokens,
         "greedy": True,
         "warmed_per_concurrency": args.warm,
         "rows": rows,
     }
-    path = RESULTS / f"drafters-concurrency-{args.device}.json"
+    tag = "" if args.draft_branches == 1 else f"-b{args.draft_branches}"
+    tag += (
+        ""
+        if args.num_draft_tokens == EngineConfig.num_draft_tokens
+        else f"-k{args.num_draft_tokens}"
+    )
+    tag += "" if args.device_rounds == "auto" else "-no-device-rounds"
+    path = RESULTS / f"drafters-concurrency-{args.device}{tag}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
     if args.rounds:
