@@ -6,7 +6,8 @@ random-weight model of a real shape.
 For each mode (exact, fast) and sampling (greedy, seeded): every request is first run alone
 (the reference), then
 - concurrent == solo: the same requests with at most 8, then 32, in flight;
-- drafted == draft: false: every request with the replay drafter (acceptance 0.5, k <= 4);
+- drafted == draft: false: every request with the replay drafter (acceptance 0.5, k <= 4; with
+  --draft-branches W, trees of W branches, each right at a token with that chance);
 - resumed == fresh: the longest requests cancelled twice mid-prefill, then retried;
 - next turn == fresh: the 4 longest requests' answers extended into a follow-up prompt, run where
   the first turn's blocks (and a hybrid's output snapshot) are cached, and under another salt.
@@ -122,6 +123,9 @@ def main() -> None:
     ap.add_argument("--kv-gib", type=float, default=40.0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--bits", type=int, default=0, help="MLX affine codes of this width (0: float)")
+    ap.add_argument(
+        "--draft-branches", type=int, default=1, help="the drafted check verifies trees of W"
+    )
     args = ap.parse_args()
 
     config = SHAPES[args.shape]
@@ -164,6 +168,7 @@ def main() -> None:
             max_tokens_per_round=8192,
             prefill_chunk=512,
             num_draft_tokens=4,
+            draft_branches=args.draft_branches,
         )
         engine = build_engine(checkpoint=ckpt, config=cfg)
         results = {}
@@ -178,10 +183,12 @@ def main() -> None:
                 checks[f"concurrent{limit}_vs_solo"] = mismatches(got, solo)
             records = {tuple(p): s[0] for p, s in zip(prompts, solo, strict=True)}
             engine.proposer = ReplayProposer(records, 0.5, config.vocab_size)
+            followed = engine.metrics.num_branches_followed
             try:
                 got = run_with_concurrency(engine, prompts, params, 8, f"{mode}-{name}-draft")
             finally:
                 engine.proposer = None
+            followed = engine.metrics.num_branches_followed - followed
             checks["drafted_vs_undrafted"] = mismatches(got, solo)
             longest = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[:8]
             resumed = [
@@ -205,6 +212,8 @@ def main() -> None:
                     for k in checks
                 },
                 "next_turn_cached_tokens": [t[2] for t in turns],
+                "draft_branches": args.draft_branches,
+                "verify_steps_that_followed_a_branch": followed,
                 "resumed_cached_tokens": {
                     len(prompts[i]): r[1] for i, r in zip(longest, resumed, strict=True)
                 },
