@@ -101,6 +101,7 @@ def main() -> None:
         "branches": args.branches,
     }
     name = "drafter-acceptance-" + ("everyday-" if args.set == "everyday" else "") + args.device
+    name += "" if args.branches == "1" else "-branches"
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
 
