@@ -16,7 +16,6 @@ so nothing is kept of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,12 +24,9 @@ from lanes.lane_rows import rows_of
 from lanes.lane_view import LaneView
 from lanes.sampling import ranked_tokens, sample_row
 
-if TYPE_CHECKING:
-    from lanes.drafter.eagle import EagleDrafter
-
 
 def propose_branches(
-    head: EagleDrafter,
+    head,  # lanes.drafter.eagle.EagleDrafter (not imported: it imports this module)
     lanes: Sequence[LaneView],
     num_drafts: Sequence[int],
     num_branches: Sequence[int],
