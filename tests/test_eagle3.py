@@ -346,6 +346,8 @@ def device_round_drafts(target_dir, head_dir, break_it=None):
     if break_it is not None:
         break_it(engine)
     calls = []
+    engine.device_rounds.pool = None  # eager rounds on a GPU too: the recording reads the host
+    engine.device_rounds.buckets.clear()
     sample = engine.device_rounds.sample
 
     def recording(logits, positions, p):
