@@ -148,7 +148,7 @@ class Proposer:
     def observe(self, lane: LaneView, start: int, hidden: torch.Tensor) -> None:
         return None
 
-    def device_rounds(self, target, num_drafts: int, eager: bool = False):
+    def device_rounds(self, target, num_drafts: int, eager: bool = False, branches: int = 1):
         """A lanes.device_rounds.DeviceRounds drafting with this proposer on the target's
         runner, where it can draft on the device alone; None (the default): rounds stay
         host-managed."""

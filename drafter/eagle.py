@@ -412,10 +412,12 @@ class EagleDrafter(Proposer):
 
     # ---- drafted rounds on the device (lanes/device_rounds.py) -------------------------------
 
-    def device_rounds(self, target, num_drafts: int, eager: bool = False):
+    def device_rounds(self, target, num_drafts: int, eager: bool = False, branches: int = 1):
         """Drafted greedy rounds kept on the device for this head and the target's runner, or
         None where they cannot run: Triton ops on both, one process, an attention-only target;
-        CUDA graphs on both (or, with `eager`, the same ops run eagerly: the CPU tests)."""
+        CUDA graphs on both (or, with `eager`, the same ops run eagerly: the CPU tests).
+        branches > 1: draft trees, the other branches led by the head's next likeliest first
+        drafts (lanes/device_round_trees.py)."""
         from lanes.device_rounds import DeviceRounds, Side
 
         if num_drafts < 1 or target.comm is not None:
@@ -432,16 +434,25 @@ class EagleDrafter(Proposer):
         def side(runner) -> Side:
             positions = runner.num_blocks * bs
             cap = min(runner.decoder.cfg.max_position_embeddings, positions)
-            return Side(runner.decoder, runner.kv, positions, cap)
+            return Side(runner.decoder, runner.kv, positions, cap, runner.branches)
 
         def sample(logits: torch.Tensor, positions: torch.Tensor, params) -> torch.Tensor:
             # each lane's own sampling, with the noise of the position the draft will stand at
             return sample_with(self._full_logits(logits).contiguous(), params, positions)[0]
 
+        def alternatives(logits: torch.Tensor, first: torch.Tensor, n: int) -> torch.Tensor:
+            # the likeliest tokens after the first draft (for greedy lanes, its ranking; for
+            # sampled lanes an approximation: drafts only, the verify keeps the output exact)
+            full = self._full_logits(logits).float()
+            return full.scatter(1, first[:, None], float("-inf")).topk(n, dim=1).indices
+
         pool = target.graphs.pool if graphed else None
+        if branches > 1 and (target.branches is None or self.runner.branches is None):
+            branches = 1
         return DeviceRounds(
-            side(target), side(self.runner), self, num_drafts, sample, self._to_head_width, pool
-        )
+            side(target), side(self.runner), self, num_drafts, sample, self._to_head_width, pool,
+            branches, alternatives,
+        )  # fmt: skip
 
     def device_seed(self, lane: LaneView, max_rows: int):
         """Where the lane's device rounds can start (lanes.device_rounds.Seed): the rows the

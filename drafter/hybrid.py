@@ -49,9 +49,9 @@ class HybridProposer(Proposer):
                 found[i] = d
         return found
 
-    def device_rounds(self, target, num_drafts: int, eager: bool = False):
+    def device_rounds(self, target, num_drafts: int, eager: bool = False, branches: int = 1):
         """Rounds on the device draft with the head alone (prompt lookup needs the host)."""
-        return self.head.device_rounds(target, num_drafts, eager)
+        return self.head.device_rounds(target, num_drafts, eager, branches)
 
     def accepted(self, lane: LaneView) -> None:
         self.head.accepted(lane)

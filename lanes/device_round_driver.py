@@ -191,6 +191,7 @@ class DeviceRoundDriver:
                     )
                 lane.num_sampling_steps += 1
                 self.drafting.record_verify(lane, dr.k, r.accepted)
+                self.drafting.metrics.num_branches_followed += r.branch > 0
                 dr.drafter.device_settle(lane, r.verify_start)
                 for token, logprob in r.emitted:
                     self.output.append(lane, token, logprob, None, now)

@@ -29,6 +29,11 @@ forward rewrites before it reads them (a forward writes a position's K/V before 
 it), and their samples are never read. Batch invariance makes a row's bits independent of how
 many rows ride with it, so the tokens are those of the synchronous path (tests/test_device_rounds).
 
+Draft trees (`branches` > 1, lanes/device_round_trees.py): the head's later forwards and the
+verify run every branch as rows of its own, each branch's context slots its lane's before the
+fork and its own scratch slots after; the round keeps the branch with the most kept drafts and
+moves its K/V into the lane's slots, all inside the same graph.
+
 Slots: each lane row has the context slots of its target and head blocks (LaneSlots); the host
 reserves blocks two rounds ahead (a round moves at most k + 1 positions) and writes only the
 entries that changed. Padding lanes stay at position 0 with every K/V in the scratch slots.
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from lanes.chain_graphs import LaneSlots
+from lanes.device_round_trees import BranchLayout
 from lanes.device_sampling import upload_params
 from lanes.graphs import LANE_BUCKETS, capture, log_first_use, static_batch
 from lanes.kernels.sampling import RowParams, sample_with
@@ -58,6 +64,7 @@ class Side:
     kv: object
     scratch_slot: int
     max_ctx: int
+    branches: object = None  # lanes.branch_scratch.BranchScratch: where draft branches live
 
     @property
     def group(self) -> int:
@@ -74,6 +81,7 @@ class RoundResult:
     logprobs: list[float]
     accepted: int
     verify_start: int
+    branch: int = 0  # the draft branch the kept tokens came from (lanes/device_round_trees.py)
 
     @property
     def emitted(self) -> list[tuple[int, float]]:
@@ -106,9 +114,17 @@ class _Bucket:
     """
 
     def __init__(
-        self, lanes: int, k: int, target: Side, head: Side, width: int, dtype, device
+        self,
+        lanes: int,
+        k: int,
+        target: Side,
+        head: Side,
+        width: int,
+        dtype,
+        device,
+        branches: int = 1,
     ) -> None:
-        self.lanes, self.k, self.t = lanes, k, k + 1
+        self.lanes, self.k, self.t, self.w = lanes, k, k + 1, branches
         t = self.t
         i64 = dict(dtype=torch.int64, device=device)
         # the state one round leaves for the next (see the module docstring)
@@ -118,6 +134,7 @@ class _Bucket:
         self.f = torch.zeros((lanes * t, width), dtype=dtype, device=device)
         self.live = torch.zeros(lanes, dtype=torch.bool, device=device)
         self.params = RowParams.zeros(lanes, device)  # each lane's sampling (padding: greedy)
+        self.params_w = RowParams.zeros(lanes * branches, device)  # the same, per branch row
         self.zero = torch.zeros((), **i64)
         self.target_slots = LaneSlots(lanes, target.max_ctx, target.scratch_slot, device)
         self.head_slots = LaneSlots(lanes, head.max_ctx, head.scratch_slot, device)
@@ -197,9 +214,34 @@ class _Bucket:
             self.meta[k, 1],
             self.target_slots.kv_slots,
         )
-        # read back per lane: tokens [t], logprobs [t], accepted, verify start
-        self.out = torch.zeros((lanes, 2 * t + 2), dtype=torch.float64, device=device)
+        # read back per lane: tokens [t], logprobs [t], accepted, verify start, branch kept
+        self.out = torch.zeros((lanes, 2 * t + 3), dtype=torch.float64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.tree = None if branches == 1 else self._tree(target, head, device)
+
+    def _tree(self, target: Side, head: Side, device) -> BranchLayout:
+        """The tree buffers and the forwards over them: each branch a lane of its own."""
+        lanes, k, t, w = self.lanes, self.k, self.t, self.w
+        tree = BranchLayout(lanes, w, k, head.max_ctx, target.max_ctx, device)
+        n = lanes * w
+        ids = torch.zeros(n * t, dtype=torch.int64, device=device)
+        tree.drafts = [
+            static_batch(
+                head.group,
+                ids[:n],
+                tree.draft_pos[m - 1],
+                tree.draft_slots[m - 1],
+                tree.draft_meta[m - 1, 0],
+                tree.draft_meta[m - 1, 1],
+                tree.head_kv,
+            )  # fmt: skip  (ids and features: the previous forward's, set per forward)
+            for m in range(1, k)
+        ]
+        tree.verify = static_batch(
+            target.group, ids, tree.verify_pos, tree.verify_slots, tree.verify_meta[0],
+            tree.verify_meta[1], tree.target_kv,
+        )  # fmt: skip
+        return tree
 
     def layout(self) -> None:
         """Every position, slot, logits row, first position and context length of the round,
@@ -213,6 +255,16 @@ class _Bucket:
         h = self.num_head_positions
         torch.index_select(self.head_slots.kv_slots, 0, index[:h], out=self.slots[:h])
         torch.index_select(self.target_slots.kv_slots, 0, index[h:], out=self.slots[h:])
+        if self.tree is not None:  # the branch rows, from the lane rows
+            lanes, k = self.lanes, self.k
+            draft = slice(lanes * self.t, h)
+            verify = self.values[h:n].view(lanes, self.t)
+            self.tree.layout(
+                self.head_slots.kv_slots, self.target_slots.kv_slots,
+                self.values[draft].view(k - 1, lanes), self.slots[draft].view(k - 1, lanes),
+                self.meta[1:k], verify, self.slots[h:].view(lanes, self.t), self.meta[k],
+                verify[:, 0],
+            )  # fmt: skip
 
 
 class DeviceRounds:
@@ -235,9 +287,17 @@ class DeviceRounds:
         sample: Callable[[torch.Tensor, torch.Tensor, RowParams], torch.Tensor],
         reduce: Callable[[torch.Tensor], torch.Tensor],
         graph_pool=None,
+        branches: int = 1,
+        alternatives: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
     ) -> None:
+        """branches > 1: draft trees (lanes/device_round_trees.py), the head's catch-up logits
+        giving `alternatives(logits, first drafts, n)` [lanes, n], the other branches' first
+        drafts; both sides need branch scratch (Side.branches)."""
         if num_drafts < 1:
             raise ValueError("device rounds need at least one draft")
+        if branches > 1 and (target.branches is None or head.branches is None):
+            raise ValueError("draft branches need branch scratch on the target and the head")
+        self.branches, self.alternatives = branches, alternatives
         self.target, self.head, self.drafter = target, head, drafter
         self.k = num_drafts
         self.sample, self.reduce = sample, reduce
@@ -316,6 +376,21 @@ class DeviceRounds:
         b.f.copy_(torch.cat(feats))
         params = [lane.params for lane in lanes] + [None] * (size - len(lanes))
         b.params.copy_(upload_params(params, self.device))
+        if b.tree is not None:
+            w = self.branches
+            b.params_w.copy_(upload_params([p for p in params for _ in range(w)], self.device))
+            for i in range(size):
+                if i < len(lanes):
+                    slot = lanes[i].slot
+                    head = [
+                        self.head.branches.slots(slot, j, range(self.k - 1)) for j in range(1, w)
+                    ]
+                    target = [
+                        self.target.branches.slots(slot, j, range(self.k + 1)) for j in range(1, w)
+                    ]
+                    b.tree.set_scratch(i, head, target)
+                else:
+                    b.tree.pad(i, self.head.scratch_slot, self.target.scratch_slot)
         self.bucket, self.lanes = b, list(lanes)
         return True
 
@@ -379,6 +454,7 @@ class DeviceRounds:
                 logprobs=row[t : 2 * t],
                 accepted=int(row[2 * t]),
                 verify_start=int(row[2 * t + 1]),
+                branch=int(row[2 * t + 2]),
             )
             for row in rows[: len(self.lanes)]
         ]
@@ -399,7 +475,10 @@ class DeviceRounds:
     def _bucket(self, size: int) -> _Bucket:
         """A new bucket, captured (on CUDA) before any lane is in it: the capture's warm-up run
         then writes only scratch slots and leaves the state at padding lanes' zeros."""
-        b = _Bucket(size, self.k, self.target, self.head, self.width, self.dtype, self.device)
+        b = _Bucket(
+            size, self.k, self.target, self.head, self.width, self.dtype, self.device,
+            self.branches,
+        )  # fmt: skip
         if self.pool is not None:
             b.graph, _ = capture(self.pool, lambda: self._round(b))
         return b
@@ -413,8 +492,12 @@ class DeviceRounds:
         # the head catches up on the last verify's rows; row a's sample is draft 1
         positions = b.values[b.num_head_positions : b.num_positions].view(b.lanes, T)
         # the token a row samples stands one position after the row
-        drafts = [self.sample(h.decoder.forward(b.catch_up, h.kv), positions[:, 0] + 1, b.params)]
+        logits = h.decoder.forward(b.catch_up, h.kv)
+        drafts = [self.sample(logits, positions[:, 0] + 1, b.params)]
         hidden = h.decoder.last_hidden[b.rows]
+        if b.tree is not None:
+            self._tree_round(b, logits, drafts[0], hidden, positions)
+            return
         for m, batch in enumerate(b.drafts, start=1):
             batch = dataclasses.replace(batch, input_ids=drafts[-1], features=hidden)
             logits = h.decoder.forward(batch, h.kv)
@@ -428,9 +511,45 @@ class DeviceRounds:
         tokens, logprobs = tokens.view(b.lanes, T), logprobs.view(b.lanes, T)
         accepted = (tokens[:, :k] == d).long().cumprod(1).sum(1)
         features = self.reduce(t.decoder.last_hidden)
-        start = positions[:, 0]
-        b.out.copy_(torch.cat([tokens, logprobs, accepted[:, None], start[:, None]], 1))
-        # the state of the next round; padding lanes stay at position 0
+        self._finish(b, tokens, logprobs, accepted, features, positions[:, 0], b.zero)
+
+    def _tree_round(self, b: _Bucket, logits, first: torch.Tensor, hidden, positions) -> None:
+        """The round's drafts and verify with branches (lanes/device_round_trees.py), from the
+        catch-up's logits, their samples `first` [lanes] and features `hidden` [lanes, width]."""
+        t, h, tree = self.target, self.head, b.tree
+        k, T, w, lanes = b.k, b.t, b.w, b.lanes
+        firsts = torch.cat([first[:, None], self.alternatives(logits, first, w - 1)], 1)
+        drafts = [firsts.reshape(-1)]  # [lanes * w]: lane-major, branch-minor
+        hidden = hidden.repeat_interleave(w, 0)
+        rows = positions.repeat_interleave(w, 0)  # each branch row's positions [lanes * w, T]
+        for m, batch in enumerate(tree.drafts, start=1):
+            batch = dataclasses.replace(batch, input_ids=drafts[-1], features=hidden)
+            logits = h.decoder.forward(batch, h.kv)
+            drafts.append(self.sample(logits, rows[:, m] + 1, b.params_w))
+            hidden = h.decoder.last_hidden
+        d = torch.stack(drafts, 1).view(lanes, w, k)
+        root = b.g.gather(1, b.a[:, None]).view(lanes, 1, 1).expand(-1, w, 1)
+        ids = torch.cat([root, d], 2).reshape(-1)
+        logits = t.decoder.forward(dataclasses.replace(tree.verify, input_ids=ids), t.kv)
+        tokens, logprobs = sample_with(logits, b.params_w, (rows + 1).view(-1), T)
+        tokens, logprobs = tokens.view(lanes, w, T), logprobs.view(lanes, w, T)
+        accepted, branch = tree.choose(d, tokens)
+        own = b.slots[b.num_head_positions :].view(lanes, T)
+        tree.adopt(t.kv, branch, own)
+        pick = branch.view(lanes, 1, 1).expand(-1, 1, T)
+        tokens, logprobs = tokens.gather(1, pick)[:, 0], logprobs.gather(1, pick)[:, 0]
+        features = self.reduce(t.decoder.last_hidden).view(lanes, w, T, -1)
+        width = features.shape[-1]
+        features = features.gather(1, pick[..., None].expand(-1, -1, -1, width))[:, 0]
+        self._finish(b, tokens, logprobs, accepted, features.reshape(lanes * T, width),
+                     positions[:, 0], branch)  # fmt: skip
+
+    def _finish(self, b: _Bucket, tokens, logprobs, accepted, features, start, branch) -> None:
+        """The round's read-back row and the state it leaves for the next; padding lanes stay
+        at position 0."""
+        branch = branch.expand(b.lanes) if branch.dim() == 0 else branch
+        row = [tokens, logprobs, accepted[:, None], start[:, None], branch[:, None]]
+        b.out.copy_(torch.cat([x.to(b.out.dtype) for x in row], 1))
         torch.where(b.live, start, b.zero, out=b.v)
         torch.where(b.live, accepted, b.zero, out=b.a)
         b.g.copy_(tokens)

@@ -137,17 +137,12 @@ class Engine:
             self.recurrent, chunks, self.book, self.mask_budget, self.masks, clock,
             overlap=overlap, single_process=self.comm is None, **hooks,
         )  # fmt: skip
-        device_rounds = None  # drafted rounds on the device, where the drafter can (chains:
-        # with draft branches every round is host-managed, its forwards still graph replays)
-        branched = self.drafting.branches > 1
-        if (
-            proposer is not None
-            and cfg.device_rounds is not False
-            and self.comm is None
-            and not branched
-        ):
+        device_rounds = None  # drafted rounds on the device, where the drafter can
+        if proposer is not None and cfg.device_rounds is not False and self.comm is None:
             eager = bool(cfg.device_rounds)
-            device_rounds = proposer.device_rounds(self.runner, cfg.num_draft_tokens, eager)
+            device_rounds = proposer.device_rounds(
+                self.runner, cfg.num_draft_tokens, eager, self.drafting.branches
+            )
         self.drafting.lazy_prefill = device_rounds is None  # device rounds seed from its rows
         self.device_driver = DeviceRoundDriver(
             device_rounds, self.scheduler, self.output, self.drafting, self.verifier, self.book,

@@ -40,6 +40,7 @@ LAYERS = [
                        "lanes.round_book", "lanes.mask_budget", "lanes.mask_prefetch"]),
     ("drafter", ["lanes.drafter"]),
     ("runner", ["lanes.runner", "lanes.graphs", "lanes.chain_graphs", "lanes.device_rounds",
+                "lanes.device_round_trees",
                 "lanes.parallel", "lanes.block_tables", "lanes.branch_scratch",
                 "lanes.device_sampling", "lanes.speculation"]),
     ("models", ["lanes.models"]),
@@ -123,7 +124,7 @@ def test_negative_control_an_upward_import_is_found(tmp_path):
 # (lanes/lane_view.py), the runner and kernels LaneRows, tensors and numbers. None of them
 # reads the scheduler's lanes or steps, the engine's metrics or its grammar matchers.
 PLAIN_DATA_SIDE = ["lanes.drafter", "lanes.runner", "lanes.graphs", "lanes.chain_graphs",
-                   "lanes.device_rounds", "lanes.parallel", "lanes.block_tables",
+                   "lanes.device_rounds", "lanes.device_round_trees", "lanes.parallel", "lanes.block_tables",
                    "lanes.branch_scratch", "lanes.device_sampling", "lanes.speculation", "lanes.batch", "lanes.models",
                    "lanes.backends", "lanes.ops", "lanes.triton_ops", "lanes.attention",
                    "lanes.kernels"]  # fmt: skip
