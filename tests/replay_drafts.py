@@ -8,10 +8,18 @@ import dataclasses
 from lanes.drafter.replay import ReplayProposer
 from lanes.engine import Engine
 
+# The replayed drafts' noise is keyed by the request's seed; a greedy request without one gets a
+# fresh seed per run, so which drafts are right (and whether a negative control's broken
+# mechanism is ever reached) changed from run to run: a CI run's control found no difference.
+REPLAY_SEED = 2
+
 
 def drafted_and_plain(engine: Engine, prompts: list[str], params):
     """(drafted, plain) completions: plain with draft=False; drafted with the plain output
-    replayed as drafts at acceptance 0.6 (random tokens otherwise)."""
+    replayed as drafts at acceptance 0.6 (random tokens otherwise). A request without a seed
+    gets REPLAY_SEED, which greedy output does not read: the same drafts every run."""
+    if params.seed is None:
+        params = dataclasses.replace(params, seed=REPLAY_SEED)
     plain = engine.generate(prompts, dataclasses.replace(params, draft=False))
     records = {tuple(engine.encode(p)): c.token_ids for p, c in zip(prompts, plain, strict=True)}
     engine.proposer = ReplayProposer(records, 0.6, engine.model_config.vocab_size)
