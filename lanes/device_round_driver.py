@@ -169,7 +169,10 @@ class DeviceRoundDriver:
             if emitted is not None:
                 self.costs.record(emitted, seconds)
             tokens = len(dr.lanes) * (dr.k + 1)
-            self.book.record(None, 0, tokens, seconds, overlapped=self.overlap)
+            self.book.record(
+                None, 0, tokens, seconds, overlapped=self.overlap,
+                drafts=len(dr.lanes) * dr.k, device_round=True,
+            )  # fmt: skip
         return ended
 
     def _take(self) -> tuple[list[Completion], float | None]:

@@ -16,6 +16,9 @@ class RoundRecord:
     host_seconds: float  # planning and bookkeeping outside the forwards (overlapped: 0)
     prefill_share: float  # this round's share of wall time attributed to prompt work
     overlapped: bool = False  # launched on the previous round's device tokens (lanes.inflight)
+    drafts: int = 0  # draft tokens verified in the round
+    drafter_seconds: float = 0.0  # the drafter's share of `seconds` (host-managed rounds)
+    device_round: bool = False  # a drafted round on the device (lanes/device_rounds.py)
 
 
 def add_counts(total: list[int], more: list[int]) -> None:

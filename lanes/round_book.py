@@ -51,6 +51,9 @@ class RoundBook:
         host_seconds: float = 0.0,
         prefill_share: float = 0.0,
         overlapped: bool = False,
+        drafts: int = 0,
+        drafter_seconds: float = 0.0,
+        device_round: bool = False,
     ) -> None:
         """A round's device time from `mark` (RoundBook.begin; None: `seconds` of wall time)
         and its record. A round launched without a plan counts no host time: its planning and
@@ -68,5 +71,8 @@ class RoundBook:
                 host_seconds=host_seconds,
                 prefill_share=prefill_share,
                 overlapped=overlapped,
+                drafts=drafts,
+                drafter_seconds=drafter_seconds,
+                device_round=device_round,
             )
         )

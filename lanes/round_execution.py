@@ -106,13 +106,14 @@ class RoundExecution:
         seconds = self.clock() - start
         self.book.last_end = self.clock()
         self.mask_budget.end_round(self.scheduler.running, seconds)
+        drafter_seconds = metrics.drafter_seconds - drafter_before
         if num_prefill == 0 and plan.decode and self.inflight is None:  # a whole decode round
-            drafter_seconds = metrics.drafter_seconds - drafter_before
             self.drafting.record_round(plan.decode, seconds, drafter_seconds)
         self.book.record(
             mark, num_prefill, num_decode, seconds,
             num_forwards=num_forwards, host_seconds=host_seconds,
             prefill_share=self.book.share.last_share or 0.0,
+            drafts=sum(s.num_drafted for s in plan.decode), drafter_seconds=drafter_seconds,
         )  # fmt: skip
         return ended
 

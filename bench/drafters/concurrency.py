@@ -194,7 +194,7 @@ def main() -> None:
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
     if args.rounds:
-        path = RESULTS / f"drafters-concurrency-rounds-{args.device}-c{args.rounds}.json"
+        path = RESULTS / f"drafters-concurrency-rounds-{args.device}-c{args.rounds}{tag}.json"
         path.write_text(json.dumps(round_by_round(engine, chats, args.rounds, drafted)) + "\n")
         print(f"wrote {path}")
     if args.profile:
@@ -239,26 +239,54 @@ def costs_now(engine) -> dict:
 
 
 def round_by_round(engine, chats, concurrency, params) -> dict:
-    """One run's rounds as the engine recorded them (its last 1,024): decode and prefill tokens,
-    wall and host milliseconds, overlapped or not; device rounds count lanes x (k + 1) tokens."""
-    before = engine.metrics.num_rounds
-    run_groups(engine, chats, concurrency, params)
-    n = min(engine.metrics.num_rounds - before, len(engine.metrics.recent))
-    fields = ["decode_tokens", "prefill_tokens", "ms", "host_ms", "overlapped"]
-    return {
-        "concurrency": concurrency,
-        "fields": fields,
-        "rounds": [
-            [
-                r.decode_tokens,
-                r.prefill_tokens,
-                round(r.seconds * 1e3, 3),
-                round(r.host_seconds * 1e3, 3),
-                int(r.overlapped),
-            ]
-            for r in list(engine.metrics.recent)[-n:]
-        ],  # fmt: skip
-    }
+    """One drafted and one plain run's rounds as the engine recorded them (the last 1,024 of
+    each): decode and prefill tokens, drafts verified, wall, host and drafter milliseconds,
+    overlapped, a device round; and per kind of round (prefill, plain, drafted, device) their
+    count and milliseconds, so that where a drafted run's extra time goes is plain."""
+    fields = [
+        "decode_tokens", "prefill_tokens", "drafts", "ms", "host_ms", "drafter_ms", "overlapped",
+        "device_round",
+    ]  # fmt: skip
+    runs = {}
+    for name, p in (("drafted", params), ("plain", dataclasses.replace(params, draft=False))):
+        before = engine.metrics.num_rounds
+        seconds, _, _ = run_groups(engine, chats, concurrency, p)
+        n = min(engine.metrics.num_rounds - before, len(engine.metrics.recent))
+        recent = list(engine.metrics.recent)[-n:]
+        kinds: dict[str, list[float]] = {}
+        for r in recent:
+            kind = (
+                "prefill" if r.prefill_tokens
+                else "device" if r.device_round
+                else "drafted" if r.drafts
+                else "plain"
+            )  # fmt: skip
+            kinds.setdefault(kind, []).append(r.seconds * 1e3)
+        runs[name] = {
+            "seconds": round(seconds, 4),
+            "by_kind": {
+                k: {
+                    "rounds": len(v),
+                    "ms": round(sum(v), 2),
+                    "median_ms": round(statistics.median(v), 3),
+                }
+                for k, v in kinds.items()
+            },
+            "rounds": [
+                [
+                    r.decode_tokens,
+                    r.prefill_tokens,
+                    r.drafts,
+                    round(r.seconds * 1e3, 3),
+                    round(r.host_seconds * 1e3, 3),
+                    round(r.drafter_seconds * 1e3, 3),
+                    int(r.overlapped),
+                    int(r.device_round),
+                ]
+                for r in recent
+            ],  # fmt: skip
+        }
+    return {"concurrency": concurrency, "fields": fields, **runs}
 
 
 def profiled(engine, chats, concurrency, params) -> str:
