@@ -146,6 +146,8 @@ class Proposer:
         return None
 
     def observe(self, lane: LaneView, start: int, hidden: torch.Tensor) -> None:
+        """The target's features of the lane's rows from `start`: the caller's copy (not a
+        buffer the next forward reuses), which the drafter may keep as it is."""
         return None
 
     def device_rounds(self, target, num_drafts: int, eager: bool = False, branches: int = 1):

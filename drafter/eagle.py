@@ -141,6 +141,9 @@ def load_eagle_decoder(path: Path, target: Checkpoint, config: EngineConfig) -> 
     return EagleParts(Decoder(cfg, weights, ops), vocab, layers, reduce)
 
 
+_JOIN_EVERY = 64  # rows arrived in this many forwards are joined into one tensor
+
+
 class _Shadow:
     """The drafter's view of a lane: row r holds the token at r + 1, so the drafter knows one row
     fewer than the lane has tokens. `features` are the target's, for the rows from
@@ -183,9 +186,14 @@ class _Shadow:
         return (0 if self._features is None else len(self._features)) + self._num_arrived
 
     def add(self, rows: torch.Tensor) -> None:
-        """The target's features of the next rows (copied: the forward's buffer is reused)."""
-        self._arrived.append(rows.clone())
+        """The target's features of the next rows: a view of the forward's rows, which the
+        caller copied once for all its lanes (a copy per lane cost a launch per lane per round).
+        Views are joined every `_JOIN_EVERY` rounds, so that a lane that seldom drafts does
+        not keep many forwards' rows alive."""
+        self._arrived.append(rows)
         self._num_arrived += len(rows)
+        if len(self._arrived) >= _JOIN_EVERY:
+            self._arrived = [torch.cat(self._arrived)]
 
     @property
     def slot(self) -> int:  # the drafter's runner keeps its blocks in the lane's slot

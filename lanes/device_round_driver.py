@@ -9,8 +9,13 @@ Contract:
   otherwise it takes them all and stops: live lanes' heads take their pending features back and
   blocks past their known tokens return to the pool.
 - With cost-aware drafts they are judged against a plain round's measured time and pause (for
-  the same requests) where they do not pay. A launch that raises turns them off for this engine
-  (logged); what is in flight is still taken.
+  the same requests) where they do not pay; they do not start where the lanes' acceptance
+  predicts a clear loss at this lane count (`DeviceRoundCosts.predicts_loss`), except every
+  DEVICE_RETRY rounds. A lane they could carry is not drafted host-managed meanwhile
+  (`declines`): on the engines that have them a host-managed drafted round costs several device
+  rounds (H200, 16 lanes: 6.5-30 ms against 2.6 ms), so where they do not pay, it pays less.
+- A launch that raises turns them off for this engine (logged); what is in flight is still
+  taken.
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from lanes.draft_costs import DEVICE_MEASURE, DEVICE_PAUSE, DEVICE_STALE, DeviceRoundCosts
+from lanes.draft_costs import (
+    DEVICE_MEASURE,
+    DEVICE_PAUSE,
+    DEVICE_RETRY,
+    DEVICE_STALE,
+    DeviceRoundCosts,
+)
 from lanes.drafting import Drafting
 from lanes.lane import Lane, LaneState
 from lanes.output import Completion, Output
@@ -60,6 +71,7 @@ class DeviceRoundDriver:
         # metrics.num_rounds while only they run (new requests are judged afresh)
         self.paused_until = 0
         self.paused_for: frozenset[int] = frozenset()
+        self.started_at = 0  # metrics.num_rounds when they last started
 
     @property
     def active(self) -> bool:
@@ -94,12 +106,31 @@ class DeviceRoundDriver:
         )
 
     def due(self) -> bool:
-        """Whether device rounds could start now: not paused, and the running lanes ready.
-        Then plain overlapped rounds give way to a planned round, and cost-aware k does not
-        stop drafting (device rounds judge their own cost)."""
+        """Whether device rounds could start now: not paused, the running lanes ready, and no
+        clear loss predicted. Then plain overlapped rounds give way to a planned round, and
+        cost-aware k does not stop drafting (device rounds judge their own cost)."""
         if self.device_rounds is None or self._paused():
             return False
-        return self._ready(self.scheduler.running)
+        running = self.scheduler.running
+        return self._ready(running) and not self._predicts_loss(running)
+
+    def declines(self, lane: Lane) -> bool:
+        """With cost-aware drafts, whether this lane is one device rounds could carry, so that
+        it drafts only in them (asked where they are not due)."""
+        return self.drafting.cost_aware and self.device_rounds is not None and self._carries(lane)
+
+    def _predicts_loss(self, lanes: Sequence[Lane]) -> bool:
+        if not self.drafting.cost_aware:
+            return False
+        if self.metrics.num_rounds - self.started_at >= DEVICE_RETRY:
+            return False  # measured again now and then: the acceptance may have moved
+        d = self.drafting
+        acceptance = sum(
+            lane.acceptance_ema if lane.num_verify_steps else d.acceptance_prior for lane in lanes
+        ) / len(lanes)
+        return self.costs.predicts_loss(
+            len(lanes), acceptance, self.device_rounds.k, d.costs.forward
+        )
 
     def _reserve_reach(self, lanes: Sequence[Lane]) -> bool:
         dr = self.device_rounds
@@ -112,9 +143,10 @@ class DeviceRoundDriver:
         if self.device_rounds is None or plan.prefill or not plan.decode or self._paused():
             return None
         lanes = [s.lane for s in plan.decode]
-        if not (self._ready(lanes) and self._reserve_reach(lanes)):
+        if self._predicts_loss(lanes) or not (self._ready(lanes) and self._reserve_reach(lanes)):
             return None
         if self.device_rounds.start(lanes):
+            self.started_at = self.metrics.num_rounds
             if self._launch():
                 return self._round(launched=True, start=self.book.clock())
             self._stop()  # the head's pool is full: host-managed this round
@@ -167,7 +199,7 @@ class DeviceRoundDriver:
         seconds, self.book.last_end = now - start, now
         if launched:
             if emitted is not None:
-                self.costs.record(emitted, seconds)
+                self.costs.record(emitted, seconds, len(dr.lanes))
             tokens = len(dr.lanes) * (dr.k + 1)
             self.book.record(
                 None, 0, tokens, seconds, overlapped=self.overlap,

@@ -24,7 +24,7 @@ kept (`could_pay` false), the drafter may skip prompt chunks (lanes/drafting.py)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _EMA = 0.2  # weight of the newest round
 PROBE_EVERY = 16  # rounds between one-token probes of a lane that does not draft
@@ -84,10 +84,17 @@ class DraftCosts:
 
 
 DEVICE_SAMPLES = 8  # device rounds measured before they are judged
-DEVICE_PAUSE = 64  # rounds without device rounds after they did not pay (same requests)
+# rounds without device rounds after they did not pay (same requests): on the H200 at 16 lanes
+# every restart cost a catch-up round of the head (7-30 ms) and 8+ losing rounds (64 let that
+# repeat within a request)
+DEVICE_PAUSE = 512
 DEVICE_MEASURE = 4  # plain rounds run to measure one (no plain round measured, or long ago)
 DEVICE_STALE = 512  # rounds after which a plain round's measured time is measured again
-DEVICE_MARGIN = 1.1  # device rounds pause only when a plain round is this much faster
+# device rounds do not start where the lanes' acceptance predicts a loss by this much: a start
+# is judged by rounds that may lose, so only a clear loss skips it
+DEVICE_CLEAR = 1.25
+DEVICE_RETRY = 1024  # rounds after which they start again (measured) whatever the prediction
+_SECONDS_EMA = 0.2  # weight of the newest device round in their seconds by lane count
 
 
 @dataclass
@@ -95,17 +102,27 @@ class DeviceRoundCosts:
     """Whether drafted rounds on the device (lanes/device_rounds.py) pay: they draft a fixed k,
     so they are judged as a whole, against a plain round's measured time (DraftCosts.forward):
     a plain round gives each lane one token; a device round gives it `tokens` (mean since they
-    started) in `seconds`. They pause when tokens * forward * DEVICE_MARGIN < seconds: both times are
-    noisy and the rounds' tokens vary by request, so they keep going where it is close."""
+    started) in `seconds`. They pause once tokens * forward < seconds (a plain round is faster by
+    their measured means; with a margin of 1.1 they went on at 4 lanes losing 5%).
+
+    A device round's seconds by lane count are kept across starts (`round_seconds`): before
+    they start, the lanes' acceptance predicts their tokens (`predicts_loss`), so that new
+    requests at a lane count where they lose are not judged afresh by losing rounds."""
 
     samples: int = 0  # device rounds measured since they last started
     total_tokens: float = 0.0  # their tokens per lane, summed
     total_seconds: float = 0.0
+    round_seconds: dict[int, float] = field(default_factory=dict)  # by lane count, running mean
 
-    def record(self, tokens_per_lane: float, seconds: float) -> None:
+    def record(self, tokens_per_lane: float, seconds: float, num_lanes: int = 0) -> None:
         self.total_tokens += tokens_per_lane
         self.total_seconds += seconds
         self.samples += 1
+        if num_lanes:
+            old = self.round_seconds.get(num_lanes)
+            self.round_seconds[num_lanes] = (
+                seconds if old is None else (1 - _SECONDS_EMA) * old + _SECONDS_EMA * seconds
+            )
 
     def restart(self) -> None:
         """Judge afresh (the rounds stopped; their requests may change)."""
@@ -128,4 +145,15 @@ class DeviceRoundCosts:
             return "go"
         if forward is None or stale:
             return "measure"
-        return "go" if self.tokens * forward * DEVICE_MARGIN >= self.seconds else "pause"
+        return "go" if self.tokens * forward >= self.seconds else "pause"
+
+    def predicts_loss(
+        self, num_lanes: int, acceptance: float, k: int, forward: float | None
+    ) -> bool:
+        """Whether device rounds of k drafts over num_lanes lanes, each draft kept with chance
+        `acceptance` (the lanes' running share of drafts kept), would clearly lose to plain
+        rounds by the measured times; False where either time is not measured."""
+        seconds = self.round_seconds.get(num_lanes)
+        if seconds is None or forward is None:
+            return False
+        return (1 + k * acceptance) * forward * DEVICE_CLEAR < seconds

@@ -77,6 +77,9 @@ class Drafting:
         # device rounds could start at the round being planned: they judge their own cost, so
         # cost-aware k does not stop drafting then
         self.device_due = False
+        # ... and where they are not due, whether a lane is one they could carry, so that it
+        # drafts only in them (lanes/device_round_driver.py: DeviceRoundDriver.declines)
+        self.device_declines: Callable[[Lane], bool] = lambda lane: False
         # the drafter may skip prompt chunks while drafting cannot pay (`prefill`); not where
         # device rounds may run, which start from the drafter's computed rows
         self.lazy_prefill = True
@@ -100,6 +103,8 @@ class Drafting:
         if self.config.adaptive_drafts:
             k = choose_num_drafts(lane.acceptance_ema, k)
             if self.cost_aware and not self.device_due:
+                if self.device_declines(lane):
+                    return 0
                 k = self._paying_drafts(lane, k, num_decoding)
         return max(0, min(k, room))
 

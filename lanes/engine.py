@@ -148,6 +148,7 @@ class Engine:
             device_rounds, self.scheduler, self.output, self.drafting, self.verifier, self.book,
             overlap=overlap, **hooks,
         )  # fmt: skip
+        self.drafting.device_declines = self.device_driver.declines
         self.overlap = Overlap(
             self.execution, self.scheduler, self.drafting, self.output, self.book,
             hybrid=self.recurrent is not None, device_rounds_due=self.device_driver.due,

@@ -121,7 +121,10 @@ class RoundExecution:
 
     def run_forward(self, steps: Sequence[Step]) -> list[Completion]:
         logits = self.runner.execute(lane_rows(steps))  # [sum of num_logits, vocab], in order
-        hidden = self.runner.last_hidden if self.drafting.observing else None
+        hidden = None
+        if self.drafting.observing and any(self.drafting.drafting(s.lane) for s in steps):
+            # one copy of the forward's rows for all its lanes (the next forward reuses them)
+            hidden = self.runner.last_hidden[: sum(s.num_rows for s in steps)].clone()
         sampled, steps = self.verifier.read_back(steps, logits)
         ended = []
         chunk_ends = []  # mid-prompt chunks: computed once the forward completes

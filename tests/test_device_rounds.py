@@ -233,8 +233,8 @@ def test_a_failing_launch_leaves_rounds_host_managed(head_dir, plain, monkeypatc
 
 def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
     """With cost-aware drafts, device rounds judged slower than plain rounds stop for
-    DEVICE_PAUSE rounds while the same requests run; the request goes on host-managed, with the
-    same output."""
+    DEVICE_PAUSE rounds while the same requests run; the request goes on in plain rounds (no
+    host-managed drafts for a lane device rounds could carry), with the same output."""
     from lanes.draft_costs import DeviceRoundCosts
 
     monkeypatch.setattr(
@@ -242,15 +242,58 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
         "verdict",
         lambda self, forward, stale=False: "pause" if self.samples >= 2 else "go",
     )
-    engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True)
+    monkeypatch.setattr(DeviceRoundCosts, "predicts_loss", lambda self, *a: False)
+    engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True, adaptive_drafts=True)
     (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=12))
     assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:12]
     assert 2 <= engine.device_rounds.num_rounds <= 3
     assert engine.device_driver.paused_until > engine.metrics.num_rounds
+    # verify steps: one per device round's lane, none host-managed after the pause
+    assert engine.metrics.num_verify_steps == engine.device_rounds.num_rounds
     # a new request is judged afresh: device rounds start for it although the pause is on
     before = engine.device_rounds.num_rounds
     engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=6))
     assert engine.device_rounds.num_rounds > before
+
+
+def test_device_rounds_predicted_to_lose_do_not_start(head_dir, plain, monkeypatch):
+    """Where the lanes' acceptance predicts a clear loss at this lane count (their measured
+    round seconds), device rounds do not start, and the lane is not drafted host-managed
+    either: plain rounds, the same output. Negative control: without the prediction they
+    start."""
+    from lanes import draft_costs
+
+    def run(predicts):
+        monkeypatch.setattr(
+            draft_costs.DeviceRoundCosts, "predicts_loss", lambda self, *a: predicts
+        )
+        engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True, adaptive_drafts=True)
+        (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=10))
+        assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:10]
+        return engine
+
+    skipped = run(True)
+    assert skipped.device_rounds.num_rounds == 0
+    assert skipped.metrics.num_verify_steps == 0  # nor host-managed drafts
+    assert run(False).device_rounds.num_rounds > 0
+
+
+def test_device_round_costs_predict_a_loss_by_lane_count():
+    """A device round's seconds are kept by lane count across starts; a start is skipped only
+    where (1 + k * acceptance) plain rounds' time clearly falls short of one."""
+    from lanes.draft_costs import DEVICE_CLEAR, DeviceRoundCosts
+
+    costs = DeviceRoundCosts()
+    assert not costs.predicts_loss(16, 0.0, 4, 1.0)  # nothing measured at 16 lanes
+    costs.record(1.5, 2.6, num_lanes=16)
+    costs.restart()
+    assert costs.round_seconds == {16: 2.6}  # kept across starts
+    forward, k = 0.9, 4
+    low = (2.6 / (forward * DEVICE_CLEAR) - 1) / k  # the acceptance where it turns
+    assert costs.predicts_loss(16, low - 0.01, k, forward)
+    assert not costs.predicts_loss(16, low + 0.01, k, forward)
+    assert not costs.predicts_loss(4, 0.0, k, forward)  # another lane count: not measured
+    assert not costs.predicts_loss(16, 0.0, k, None)  # no plain round measured
 
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()  # noqa: SIM905

@@ -109,7 +109,8 @@ def test_device_rounds_are_judged_against_a_plain_round():
     assert paying.verdict(forward=1.0) == "go"
     assert paying.verdict(forward=1.0, stale=True) == "measure"  # plain time measured long ago
     assert paying.verdict(forward=0.5) == "pause"  # plain rounds of 0.5 ms would be faster
-    assert paying.verdict(forward=0.62) == "go"  # within the margin: keep going
+    assert paying.verdict(forward=0.62) == "pause"  # 3 x 0.62 ms < 2 ms: no margin
+    assert paying.verdict(forward=0.67) == "go"  # 3 x 0.67 ms covers a 2 ms device round
 
 
 def test_could_pay_is_whether_perfect_acceptance_would():
