@@ -97,10 +97,12 @@ class DeviceRoundDriver:
         )
 
     def _ready(self, lanes: Sequence[Lane]) -> bool:
-        """These lanes are every running lane, nothing waits, and each is a device lane."""
+        """These lanes are every running lane (one at least), nothing waits, and each is a device
+        lane."""
         sched = self.scheduler
         return (
-            not sched.waiting
+            bool(lanes)
+            and not sched.waiting
             and len(lanes) == len(sched.running)
             and all(self._carries(lane) for lane in lanes)
         )
@@ -120,7 +122,7 @@ class DeviceRoundDriver:
         return self.drafting.cost_aware and self.device_rounds is not None and self._carries(lane)
 
     def _predicts_loss(self, lanes: Sequence[Lane]) -> bool:
-        if not self.drafting.cost_aware:
+        if not (self.drafting.cost_aware and lanes):
             return False
         if self.metrics.num_rounds - self.started_at >= DEVICE_RETRY:
             return False  # measured again now and then: the acceptance may have moved
