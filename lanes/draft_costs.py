@@ -92,8 +92,10 @@ DEVICE_MEASURE = 4  # plain rounds run to measure one (no plain round measured, 
 DEVICE_STALE = 512  # rounds after which a plain round's measured time is measured again
 # device rounds do not start where the lanes' acceptance predicts a loss by this much: a start
 # is judged by rounds that may lose, so only a clear loss skips it
-DEVICE_CLEAR = 1.25
-DEVICE_RETRY = 1024  # rounds after which they start again (measured) whatever the prediction
+DEVICE_CLEAR = 1.1
+# rounds after which they start again (measured) whatever the prediction: each retry costs a
+# catch-up of the head's skipped rows and 8 rounds judged
+DEVICE_RETRY = 4096
 _SECONDS_EMA = 0.2  # weight of the newest device round in their seconds by lane count
 
 

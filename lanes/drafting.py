@@ -81,8 +81,10 @@ class Drafting:
         # drafts only in them (lanes/device_round_driver.py: DeviceRoundDriver.declines)
         self.device_declines: Callable[[Lane], bool] = lambda lane: False
         # the drafter may skip prompt chunks while drafting cannot pay (`prefill`); not where
-        # device rounds may run, which start from the drafter's computed rows
+        # device rounds may run, which start from the drafter's computed rows, unless they
+        # predict a loss at the running lanes (`device_skips_prefill`: the driver's judgement)
         self.lazy_prefill = True
+        self.device_skips_prefill: Callable[[], bool] = lambda: False
 
     @property
     def observing(self) -> bool:
@@ -217,13 +219,16 @@ class Drafting:
 
     def prefill(self, steps: list[Step]) -> None:
         """The drafter computes the same prompt chunks, in the same round; except where drafting
-        could not pay at any acceptance by the measured costs: then it catches up on them when
-        it next drafts (a probe), and not at all for a request that never does."""
+        could not pay at any acceptance by the measured costs, or where device rounds predict a
+        loss at the running lanes (which then draft in neither kind of round): then it catches
+        up on them when it next drafts, and not at all for a request that never does."""
         if self.proposer is None:
             return
         k = self.config.num_draft_tokens
         costs = self.costs
         if self.lazy_prefill and self.cost_aware and costs.measured and not costs.could_pay(k, 1):
+            return
+        if self.cost_aware and self.device_skips_prefill():
             return
         steps = [s for s in steps if self.drafting(s.lane)]
         if steps:

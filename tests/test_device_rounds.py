@@ -258,9 +258,9 @@ def test_device_rounds_that_do_not_pay_pause(head_dir, plain, monkeypatch):
 
 def test_device_rounds_predicted_to_lose_do_not_start(head_dir, plain, monkeypatch):
     """Where the lanes' acceptance predicts a clear loss at this lane count (their measured
-    round seconds), device rounds do not start, and the lane is not drafted host-managed
-    either: plain rounds, the same output. Negative control: without the prediction they
-    start."""
+    round seconds), device rounds do not start, the lane is not drafted host-managed either,
+    and the head does not compute its prompt: plain rounds, the same output. Negative control:
+    without the prediction they start, from the head's prefilled rows."""
     from lanes import draft_costs
 
     def run(predicts):
@@ -268,15 +268,44 @@ def test_device_rounds_predicted_to_lose_do_not_start(head_dir, plain, monkeypat
             draft_costs.DeviceRoundCosts, "predicts_loss", lambda self, *a: predicts
         )
         engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True, adaptive_drafts=True)
+        head = engine.drafting.proposer
+        chunks = []
+        monkeypatch.setattr(
+            head, "prefill", lambda c, real=head.prefill: chunks.extend(c) or real(c)
+        )
         (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=10))
         assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:10]
-        return engine
+        return engine, chunks
 
-    skipped = run(True)
+    skipped, chunks = run(True)
     assert skipped.device_rounds.num_rounds == 0
     assert skipped.metrics.num_verify_steps == 0  # nor host-managed drafts
+    assert not chunks  # nor the head's prompt
     assert not skipped.device_driver.due()  # no lane running (once: a mean over no lanes raised)
-    assert run(False).device_rounds.num_rounds > 0
+    started, chunks = run(False)
+    assert started.device_rounds.num_rounds > 0 and chunks
+
+
+def test_a_head_that_skipped_the_prompt_catches_up_for_device_rounds(head_dir, plain, monkeypatch):
+    """A prompt prefilled while device rounds predicted a loss, then a prediction that they pay
+    (say, fewer lanes): the head catches up on the skipped prompt in a host-managed round and
+    device rounds start from its rows; the output equals `draft: false`."""
+    from lanes import draft_costs
+
+    calls = []  # predicted a loss for the prefill and the first decode rounds only
+    monkeypatch.setattr(
+        draft_costs.DeviceRoundCosts,
+        "predicts_loss",
+        lambda self, *a: len(calls.append(0) or calls) < 4,
+    )
+    engine = _engine(head_dir, device_rounds=True, cost_aware_drafts=True, adaptive_drafts=True)
+    head = engine.drafting.proposer
+    chunks = []
+    monkeypatch.setattr(head, "prefill", lambda c, real=head.prefill: chunks.extend(c) or real(c))
+    (got,) = engine.generate(PROMPTS[1:2], dataclasses.replace(PARAMS, max_tokens=12))
+    assert got.token_ids == plain[tuple(got.prompt_ids)].token_ids[:12]
+    assert not chunks  # the prompt was skipped
+    assert engine.device_rounds.num_rounds > 0  # and caught up on: device rounds seeded
 
 
 def test_device_round_costs_predict_a_loss_by_lane_count():
