@@ -153,7 +153,7 @@ class DeviceRoundDriver:
         if self.device_rounds is None or plan.prefill or not plan.decode or self._paused():
             return None
         lanes = [s.lane for s in plan.decode]
-        if self._predicts_loss(lanes) or not (self._ready(lanes) and self._reserve_reach(lanes)):
+        if not self._ready(lanes) or self._predicts_loss(lanes) or not self._reserve_reach(lanes):
             return None
         if self.device_rounds.start(lanes):
             self.started_at = self.metrics.num_rounds

@@ -96,7 +96,6 @@ DEVICE_CLEAR = 1.1
 # rounds after which they start again (measured) whatever the prediction: each retry costs a
 # catch-up of the head's skipped rows and 8 rounds judged
 DEVICE_RETRY = 4096
-_SECONDS_EMA = 0.2  # weight of the newest device round in their seconds by lane count
 
 
 @dataclass
@@ -114,17 +113,16 @@ class DeviceRoundCosts:
     samples: int = 0  # device rounds measured since they last started
     total_tokens: float = 0.0  # their tokens per lane, summed
     total_seconds: float = 0.0
-    round_seconds: dict[int, float] = field(default_factory=dict)  # by lane count, running mean
+    round_seconds: dict[int, float] = field(
+        default_factory=dict
+    )  # by lane count, weighted to the newest
 
     def record(self, tokens_per_lane: float, seconds: float, num_lanes: int = 0) -> None:
         self.total_tokens += tokens_per_lane
         self.total_seconds += seconds
         self.samples += 1
         if num_lanes:
-            old = self.round_seconds.get(num_lanes)
-            self.round_seconds[num_lanes] = (
-                seconds if old is None else (1 - _SECONDS_EMA) * old + _SECONDS_EMA * seconds
-            )
+            self.round_seconds[num_lanes] = _ema(self.round_seconds.get(num_lanes), seconds)
 
     def restart(self) -> None:
         """Judge afresh (the rounds stopped; their requests may change)."""

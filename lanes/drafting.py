@@ -228,7 +228,7 @@ class Drafting:
         costs = self.costs
         if self.lazy_prefill and self.cost_aware and costs.measured and not costs.could_pay(k, 1):
             return
-        if self.cost_aware and self.device_skips_prefill():
+        if self.device_skips_prefill():  # only with cost-aware drafts (the driver's judgement)
             return
         steps = [s for s in steps if self.drafting(s.lane)]
         if steps:
