@@ -29,10 +29,14 @@ class StatePool:
         num_slots: int,
         num_layers: int,
         conv_shape: tuple[int, int],  # [conv channels, kernel - 1]
-        state_shape: tuple[int, int, int],  # [value heads, key head dim, value head dim]
+        state_shape: tuple[
+            int, int, int
+        ],  # DeltaNet: [value heads, dk, dv]; Mamba-2: [heads, P, N]
         device: torch.device | str,
+        deferred_widths: tuple[int, ...] = (),  # a verify row's saved inputs, per layer
     ) -> None:
         f32 = dict(dtype=torch.float32, device=device)
+        self.deferred_widths = deferred_widths
         self.conv = torch.zeros((num_slots + 1, num_layers, *conv_shape), **f32)
         self.recurrent = torch.zeros((num_slots + 1, num_layers, *state_shape), **f32)
         self.scratch_slot = num_slots
@@ -40,7 +44,7 @@ class StatePool:
         # tokens each slot's state has consumed, per layer; and the state before the latest write
         self.positions = [[0] * num_layers for _ in range(num_slots)]
         self.before: dict[tuple[int, int], tuple[int, torch.Tensor, torch.Tensor]] = {}
-        # slot -> (first position of its verify step, per layer: the rows' (mixed, b, a))
+        # slot -> (first position of its verify step, per layer: the rows' saved inputs)
         self.pending: dict[int, tuple[int, Mapping[int, tuple[torch.Tensor, ...]]]] = {}
 
     @staticmethod

@@ -40,13 +40,14 @@ class LaneStates:
     """Hybrid models in a CUDA graph, where no SeqSlice says which lane is where: lane i's rows
     are [i * rows_per_lane, (i + 1) * rows_per_lane) and its recurrent state is slot slots[i] of
     the state pool (padding lanes: the scratch slot). Decode steps advance the slots in place;
-    verify steps (`keep`) leave them and copy each linear layer's (mixed, b, a) rows into
-    `saved`, static buffers the host's settle reads once acceptance is known."""
+    verify steps (`keep`) leave them and copy each linear layer's inputs (a DeltaNet's
+    (mixed, b, a), a Mamba-2 mixer's (xbc, dt)) into `saved`, static buffers the host's settle
+    reads once acceptance is known."""
 
     slots: torch.Tensor  # [lanes] int64, on the device
     rows_per_lane: int
     keep: bool
-    saved: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] = ()  # per linear layer
+    saved: tuple[tuple[torch.Tensor, ...], ...] = ()  # per linear layer
 
 
 @dataclass(frozen=True)

@@ -122,10 +122,10 @@ def _state_bytes(mc, lanes: int) -> int:
     if not mc.is_hybrid:
         return 0
     from lanes.cache.state_pool import StatePool
-    from lanes.models.deltanet import deltanet_state_shapes
+    from lanes.models.recurrent_layout import recurrent_layout
 
-    conv, state = deltanet_state_shapes(mc)
-    return (lanes + 1) * StatePool.bytes_per_slot(len(mc.linear_layers), conv, state)
+    layout = recurrent_layout(mc)
+    return (lanes + 1) * StatePool.bytes_per_slot(len(mc.linear_layers), layout.conv, layout.state)
 
 
 def _rank_main(rank: int, world: int, init_file: str, model: str, config, job, results) -> None:

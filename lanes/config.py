@@ -23,10 +23,14 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     # GLM-4.5 / 4.6: sigmoid-scored grouped routing, an ungated shared expert, dense first layers
     "Glm4MoeForCausalLM": "glm4_moe",
+    # Nemotron-H: a sequence of single-mixer blocks (Mamba-2, attention without RoPE, a ReLU²
+    # MLP), each pre-normed with its own residual add (lanes/models/mamba2.py)
+    "NemotronHForCausalLM": "nemotron_h",
 }
 # vision-language wrappers served as their language model (config `text_config`)
 VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
+MLP_BLOCK = "mlp"  # Nemotron-H: a block that is only an MLP (no token mixer)
 
 
 class ConfigError(ValueError):
@@ -67,8 +71,31 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba-2 mixer's head layout (Nemotron-H's linear-attention layers)."""
+
+    heads: int  # mamba_num_heads
+    head_dim: int  # mamba_head_dim
+    state: int  # ssm_state_size
+    groups: int  # n_groups: heads share B and C within a group
+    kernel: int  # conv_kernel
+    eps: float  # the gated norm's
+    dt_min: float = 0.0  # time_step_limit
+    dt_max: float = float("inf")
+    conv_bias: bool = True
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.state
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    family: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "qwen3_5" | "qwen3_5_moe"
+    family: str  # a value of SUPPORTED_ARCHITECTURES: "llama", "qwen3_5", "nemotron_h", ...
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -114,6 +141,11 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
+    # Nemotron-H: its LINEAR_ATTENTION layers are Mamba-2 mixers of this shape (None: gated
+    # DeltaNets), its MLPs ReLU² without a gate, its attention without RoPE
+    mamba: Mamba2Shape | None = None
+    mlp_activation: str = "silu"  # "silu": gate_proj/up_proj GLU; "relu2": up_proj, relu(x)²
+    attention_rope: bool = True
 
     def __post_init__(self) -> None:
         if self.family not in SUPPORTED_ARCHITECTURES.values():
@@ -167,7 +199,21 @@ class ModelConfig:
     @property
     def attention_layers(self) -> tuple[int, ...]:
         """Layers with K/V in the paged pool, in order (the pool holds only these)."""
-        return tuple(i for i in range(self.num_layers) if i not in self.linear_layers)
+        if not self.layer_types:
+            return tuple(range(self.num_layers))
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL_ATTENTION)
+
+    @property
+    def mlp_only_layers(self) -> tuple[int, ...]:
+        """Nemotron-H's blocks without a token mixer (their MLP is the whole block)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == MLP_BLOCK)
+
+    @property
+    def mixer_only_layers(self) -> tuple[int, ...]:
+        """Nemotron-H's mixer blocks, which have no MLP; every layer of other families has both."""
+        if self.family != "nemotron_h":
+            return ()
+        return tuple(i for i, t in enumerate(self.layer_types) if t != MLP_BLOCK)
 
     @property
     def rope_dim(self) -> int:
@@ -201,6 +247,8 @@ class ModelConfig:
                 + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             )
         family = SUPPORTED_ARCHITECTURES[arch]
+        if family == "nemotron_h":  # its names for the fields every family has
+            raw = _nemotron_h_common(raw)
         hidden = _number(raw, "hidden_size", int)
         num_heads = _number(raw, "num_attention_heads", int)
         if num_heads <= 0:
@@ -270,7 +318,104 @@ def _family_fields(raw: dict[str, Any], family: str, head_dim: int) -> dict[str,
         fields.update(_shared_expert_fields(raw))
     if family == "glm4_moe":
         fields.update(_glm_moe_fields(raw, head_dim))
+    if family == "nemotron_h":
+        fields.update(_nemotron_h_fields(raw))
     return fields
+
+
+# Nemotron-H's block letters (`hybrid_override_pattern`) and the names transformers' configs use
+_NEMOTRON_BLOCKS = {
+    "M": LINEAR_ATTENTION, "linear_attention": LINEAR_ATTENTION, "mamba": LINEAR_ATTENTION,
+    "*": FULL_ATTENTION, "full_attention": FULL_ATTENTION, "attention": FULL_ATTENTION,
+    "-": MLP_BLOCK, "mlp": MLP_BLOCK,
+    "E": "moe", "moe": "moe",
+}  # fmt: skip
+
+
+def _nemotron_h_blocks(raw: dict[str, Any]) -> list[str]:
+    """Each block's type from `layers_block_type` (transformers 5), else the older
+    `hybrid_override_pattern` string (hub checkpoints: "M-M*-..."); MoE blocks are refused."""
+    blocks = raw.get("layers_block_type") or raw.get("layer_types")
+    if blocks is None:
+        blocks = raw.get("hybrid_override_pattern")
+        if not isinstance(blocks, str):
+            raise ConfigError("'hybrid_override_pattern' (or 'layers_block_type') is missing")
+        blocks = list(blocks)
+    if not isinstance(blocks, list) or not blocks:
+        raise ConfigError(f"'layers_block_type' must list the blocks, got {blocks!r:.60}")
+    unknown = sorted({b for b in blocks if b not in _NEMOTRON_BLOCKS}, key=str)
+    if unknown:
+        raise ConfigError(f"Nemotron-H block types {unknown!r:.60} are unknown")
+    types = [_NEMOTRON_BLOCKS[b] for b in blocks]
+    if "moe" in types:
+        raise ConfigError(
+            "Nemotron-H MoE blocks ('E') are not supported yet; lanes serves Nemotron-H's "
+            "Mamba-2 ('M'), attention ('*') and MLP ('-') blocks"
+        )
+    return types
+
+
+def _nemotron_h_common(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config with the common fields under the names from_hf reads: the layer count from
+    the block list, the norms' epsilon, and no attention bias (transformers builds none)."""
+    return {
+        **raw,
+        "num_hidden_layers": len(_nemotron_h_blocks(raw)),
+        "rms_norm_eps": raw.get("layer_norm_epsilon", 1e-5),
+        "attention_bias": False,
+    }
+
+
+def _nemotron_h_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H: the block list, the Mamba-2 shape, ReLU² MLPs, attention without RoPE."""
+
+    def either(name: str, legacy: str, kind: type, default: Any = None) -> Any:
+        return _number(raw, name if name in raw else legacy, kind, default)
+
+    for key, want in (("mamba_hidden_act", "silu"), ("mlp_hidden_act", "relu2")):
+        if raw.get(key, want) != want:
+            raise ConfigError(f"'{key}' must be {want!r}, got {raw.get(key)!r:.40}")
+    for key in ("use_bias", "mlp_bias", "mamba_proj_bias"):
+        if raw.get(key):
+            raise ConfigError(f"'{key}': Nemotron-H projections with biases are not supported")
+    limit = raw.get("time_step_limit", raw.get("mamba_dt_limit", (0.0, float("inf"))))
+    if not isinstance(limit, list | tuple) or len(limit) != 2:
+        raise ConfigError(f"'time_step_limit' must be [min, max], got {limit!r:.60}")
+    # transformers writes an infinite bound as {"__float__": "Infinity"}
+    lo, hi = (float(v["__float__"]) if isinstance(v, dict) else v for v in limit)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lo, hi)):
+        raise ConfigError(f"'time_step_limit' must be two numbers, got {limit!r:.60}")
+    shape = Mamba2Shape(
+        heads=_number(raw, "mamba_num_heads", int),
+        head_dim=_number(raw, "mamba_head_dim", int),
+        state=_number(raw, "ssm_state_size", int),
+        groups=either("n_groups", "mamba_n_groups", int, 8),
+        kernel=either("conv_kernel", "mamba_d_conv", int, 4),
+        eps=_number(raw, "layer_norm_epsilon", float, 1e-5),
+        dt_min=float(lo),
+        dt_max=float(hi),
+        conv_bias=bool(raw.get("use_conv_bias", raw.get("mamba_conv_bias", True))),
+    )
+    for name in ("heads", "head_dim", "state", "groups"):
+        if getattr(shape, name) <= 0:
+            raise ConfigError(f"the Mamba-2 {name} must be positive, got {getattr(shape, name)}")
+    if shape.heads % shape.groups:
+        raise ConfigError(
+            f"'mamba_num_heads' ({shape.heads}) must be a multiple of 'n_groups' ({shape.groups})"
+        )
+    if not 2 <= shape.kernel <= 64:
+        raise ConfigError(f"'conv_kernel' must be in [2, 64], got {shape.kernel}")
+    if shape.inner > 2**18 or shape.state > 2**12:  # a lying config must not allocate GiBs
+        raise ConfigError(
+            f"a Mamba-2 mixer of {shape.inner} channels and state {shape.state} is beyond what "
+            f"lanes takes ({2**18}, {2**12})"
+        )
+    return {
+        "layer_types": tuple(_nemotron_h_blocks(raw)),
+        "mamba": shape,
+        "mlp_activation": "relu2",
+        "attention_rope": False,
+    }
 
 
 def _glm_moe_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:

@@ -167,15 +167,16 @@ class _Graph:
 
 def _lane_states(states: StatePool, lanes: int, tokens: int, dtype: torch.dtype) -> LaneStates:
     """A bucket's recurrent-state layout: every lane on the scratch slot until filled; verify
-    buckets (tokens > 1) get static buffers for each linear layer's (mixed, b, a) rows."""
+    buckets (tokens > 1) get static buffers for each linear layer's saved inputs (a gated
+    DeltaNet's (mixed, b, a) rows, a Mamba-2 mixer's (xbc, dt))."""
     device = states.conv.device
     slots = torch.full((lanes,), states.scratch_slot, dtype=torch.int64, device=device)
     keep = tokens > 1
     saved = ()
     if keep:
-        n, conv_dim, heads = lanes * tokens, states.conv.shape[2], states.recurrent.shape[2]
+        n, widths = lanes * tokens, states.deferred_widths
         saved = tuple(
-            tuple(torch.zeros((n, w), dtype=dtype, device=device) for w in (conv_dim, heads, heads))
+            tuple(torch.zeros((n, w), dtype=dtype, device=device) for w in widths)
             for _ in range(states.num_layers)
         )
     return LaneStates(slots=slots, rows_per_lane=tokens, keep=keep, saved=saved)

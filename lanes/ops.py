@@ -20,6 +20,7 @@ from lanes.attention import exact_attention, sdpa_attention
 from lanes.batch import ForwardBatch
 from lanes.kernels import attention_cpu, rows_cpu
 from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps, ref_gated_delta_lanes
+from lanes.kernels.mamba2 import Mamba2Rule, mamba2_steps, ref_ssd_scan_lanes
 from lanes.kernels.packed_linear_cpu import float_linear, packed_linear, takes, takes_float
 from lanes.packed import OUT_TILE, PackedWeight
 
@@ -145,6 +146,22 @@ class Ops:
         lane's last row (kernels/delta_rule.gated_delta_lanes)."""
         return ref_gated_delta_lanes(
             mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
+        )
+
+    def mamba2(
+        self, xbc, z, dt, conv, state, w: Mamba2Rule
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """One lane's rows through a Mamba-2 layer's conv and scan (the torch form in
+        kernels/mamba2.py): (out [T, inner], or None without z; conv and state after the last
+        row). Position by position, in a fixed order: batch-invariant."""
+        return mamba2_steps(xbc, z, dt, conv, state, w)
+
+    def mamba2_lanes(
+        self, xbc, z, dt, conv_pool, state_pool, slots, rows_per_lane, w, advance: bool
+    ) -> torch.Tensor:
+        """As delta_rule_lanes, for a Mamba-2 layer (kernels/mamba2.ssd_scan_lanes)."""
+        return ref_ssd_scan_lanes(
+            xbc, z, dt, conv_pool, state_pool, slots, rows_per_lane, w, advance
         )
 
     def _partial_rope(self, x, cos, sin, rope_dim: int) -> torch.Tensor:

@@ -197,10 +197,13 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
     )
     if mc.is_hybrid:  # one recurrent-state slot per lane that can run
         from lanes.cache.state_pool import StatePool
-        from lanes.models.deltanet import deltanet_state_shapes
+        from lanes.models.recurrent_layout import recurrent_layout
 
-        conv, state = deltanet_state_shapes(mc)
-        kv.states = StatePool(config.max_lanes, len(mc.linear_layers), conv, state, config.device)
+        layout = recurrent_layout(mc)
+        kv.states = StatePool(
+            config.max_lanes, len(mc.linear_layers), layout.conv, layout.state, config.device,
+            deferred_widths=layout.deferred_widths,
+        )  # fmt: skip
     max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
     tables = BlockTables(bs, -(-max_ctx // bs), config.device, num_slots=config.max_lanes)
     graphs = None

@@ -10,6 +10,7 @@ from lanes.kernels.attention import make_meta, paged_attention, rows_for
 from lanes.kernels.delta_rule import gated_delta, gated_delta_lanes
 from lanes.kernels.expert_matmul import expert_matmul, expert_tiles
 from lanes.kernels.kv_write import kv_write
+from lanes.kernels.mamba2 import ssd_scan, ssd_scan_lanes
 from lanes.kernels.matmul import matmul
 from lanes.kernels.rmsnorm import add_rms_norm
 from lanes.kernels.rope import rope, rope_kv_write
@@ -72,6 +73,14 @@ class TritonOps(Ops):
         return gated_delta_lanes(
             mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
         )
+
+    def mamba2(self, xbc, z, dt, conv, state, w):
+        """One launch for a lane's rows (a program per head and block of its rows walks them in
+        order), then one for the gated norm."""
+        return ssd_scan(xbc, z, dt, conv, state, w)
+
+    def mamba2_lanes(self, xbc, z, dt, conv_pool, state_pool, slots, rows_per_lane, w, advance):
+        return ssd_scan_lanes(xbc, z, dt, conv_pool, state_pool, slots, rows_per_lane, w, advance)
 
     def attention(self, q, k_cache, v_cache, batch):
         group = q.shape[1] // k_cache.shape[1]

@@ -166,8 +166,29 @@ ARCHS["glm4_moe"] = (
         "attention_bias": True,
     },
 )
-# Zero-centred norms (stored w, applied 1 + w) start at w = 0: perturbed, so the offset is tested
-_PERTURB_NORMS = {"qwen3_5", "qwen3_5_moe"}
+# Nemotron-H: blocks of one mixer each: Mamba-2 (4 heads of 16 in 2 groups, state 8), an MLP,
+# attention without RoPE, an MLP, Mamba-2, an MLP
+ARCHS["nemotron_h"] = (
+    "NemotronHConfig",
+    {
+        "initializer_range": 0.1,
+        "head_dim": 16,
+        "layers_block_type": ["mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+        "num_hidden_layers": 6,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 8,
+        "n_groups": 2,
+        "conv_kernel": 4,
+        "chunk_size": 8,
+        "layer_norm_epsilon": 1e-5,
+    },
+)
+# Zero-centred norms (stored w, applied 1 + w) start at w = 0: perturbed, so the offset is tested;
+# Nemotron-H's norms start at 1 and its Mamba-2 parameters at fixed values (A = 1..heads, D = 1,
+# dt_bias = 1): perturbed, so a weight read from the wrong place shows
+_PERTURB_NORMS = {"qwen3_5", "qwen3_5_moe", "nemotron_h"}
+_PERTURB_MIXER = {"nemotron_h": ("A_log", ".D", "dt_bias")}
 _MODEL_CLASSES = {
     "LlamaConfig": "LlamaForCausalLM",
     "MistralConfig": "MistralForCausalLM",
@@ -177,6 +198,7 @@ _MODEL_CLASSES = {
     "Qwen3_5TextConfig": "Qwen3_5ForCausalLM",
     "Qwen3_5MoeTextConfig": "Qwen3_5MoeForCausalLM",
     "Glm4MoeConfig": "Glm4MoeForCausalLM",
+    "NemotronHConfig": "NemotronHForCausalLM",
 }
 
 
@@ -231,7 +253,7 @@ def write_tiny_model(root: Path, arch: str, seed: int = 0, **overrides):
     if arch in _PERTURB_NORMS:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if "norm" in name:
+                if "norm" in name or name.endswith(_PERTURB_MIXER.get(arch, ())):
                     p.add_(torch.randn_like(p) * 0.2)
     with torch.no_grad():  # a zero correction bias would leave its path untested
         for name, b in model.named_buffers():

@@ -1,5 +1,6 @@
-"""Qwen3.5 hybrids (gated DeltaNet + gated attention; lanes/models/deltanet.py): against
-transformers over many prefill chunks, chunk invariance, the equalities (concurrent == solo,
+"""Hybrids — Qwen3.5 (gated DeltaNet + gated attention; lanes/models/deltanet.py) and Nemotron-H
+(Mamba-2 + attention + MLP blocks; lanes/models/mamba2.py): against transformers over many
+prefill chunks, chunk invariance, the equalities (concurrent == solo,
 drafted == undrafted with the recurrent state rolled back, a cancelled request's retry == fresh),
 each with a negative control, the vision-language wrapper's text part, refused configurations."""
 
@@ -30,13 +31,32 @@ GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "nemotron_h"])
 def hybrid(tiny_models, request):
     return tiny_models[request.param]
 
 
-def test_config_reads_the_layer_layout(hybrid):
-    engine = build_engine(str(hybrid[0]))
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def qwen_hybrid(tiny_models, request):
+    return tiny_models[request.param]
+
+
+def test_nemotron_h_reads_its_blocks(tiny_models):
+    """Each block one mixer with its own norm: Mamba-2 layers hold state slots, the attention
+    block alone holds KV, the MLP blocks neither."""
+    engine = build_engine(str(tiny_models["nemotron_h"][0]))
+    cfg = engine.model_config
+    assert cfg.linear_layers == (0, 4) and cfg.attention_layers == (2,)
+    assert cfg.mlp_only_layers == (1, 3, 5) and not cfg.attention_rope
+    assert engine.runner.kv.k.shape[0] == 1 and engine.recurrent.pool.conv.shape[1] == 2
+    layers = engine.runner.decoder.weights.layers
+    assert [x.has_mixer for x in layers] == [True, False, True, False, True, False]
+    assert [x.has_mlp for x in layers] == [False, True, False, True, False, True]
+    assert layers[0].mamba is not None and layers[1].up is not None and layers[2].qkv is not None
+
+
+def test_config_reads_the_layer_layout(qwen_hybrid):
+    engine = build_engine(str(qwen_hybrid[0]))
     cfg = engine.model_config
     assert cfg.linear_layers == (0, 1, 2) and cfg.attention_layers == (3,)
     assert cfg.rope_dim == 4 and cfg.attn_output_gate and cfg.zero_centred_norms
@@ -224,7 +244,7 @@ def test_negative_control_overlapped_rounds_past_a_snapshot(hybrid, monkeypatch)
 
     monkeypatch.setattr(Overlap, "_snapshot_due", lambda self, steps: False)
     resumed, fresh = _next_turn_resumed_and_fresh(hybrid[0], overlap=True)
-    assert resumed.token_ids != fresh.token_ids
+    assert resumed.logprobs != fresh.logprobs  # (Nemotron-H's tiny model keeps its tokens)
 
 
 def test_negative_control_an_output_snapshot_keyed_one_block_early(hybrid, monkeypatch):
@@ -271,10 +291,10 @@ def test_negative_control_a_snapshot_one_block_off(hybrid, monkeypatch):
     assert retry.logprobs != fresh.logprobs
 
 
-def test_vision_language_wrapper_serves_its_text_part(hybrid, tmp_path):
+def test_vision_language_wrapper_serves_its_text_part(qwen_hybrid, tmp_path):
     """Qwen3_5ForConditionalGeneration checkpoints: text_config, model.language_model.* keys, a
     vision tower that is skipped. Same logits as the text model, bitwise."""
-    path, _ = hybrid
+    path, _ = qwen_hybrid
     text_cfg = json.loads((path / "config.json").read_text())
     tensors = load_file(str(path / "model.safetensors"))
     wrapped = {k.replace("model.", "model.language_model.", 1): v for k, v in tensors.items()}
@@ -298,8 +318,8 @@ def test_vision_language_wrapper_serves_its_text_part(hybrid, tmp_path):
     assert torch.equal(got, want)
 
 
-def test_unsupported_hybrid_configs_are_refused(hybrid):
-    base = json.loads((hybrid[0] / "config.json").read_text())
+def test_unsupported_hybrid_configs_are_refused(qwen_hybrid):
+    base = json.loads((qwen_hybrid[0] / "config.json").read_text())
     assert ModelConfig.from_hf(base).is_hybrid
     bad = {
         "layer_types": [

@@ -1,8 +1,10 @@
-"""Nemotron-H's Mamba-2 mixer, the reference form (lanes/models/mamba2.py), against transformers'
+"""Nemotron-H's Mamba-2 mixer (lanes/models/mamba2.py) through the torch form and the Triton
+kernels (kernels/mamba2.py; interpreted on the CPU), against transformers'
 `NemotronHMamba2Mixer` (its torch path) on a tiny random layer: the same output within float32
 rounding of its chunked algorithm; a prompt split anywhere, or fed a token at a time with the
-states carried, gives the whole prompt's bits; negative control: the conv window not carried
-over a split changes them."""
+states carried, gives the whole prompt's bits; the kernel's lanes form (states in pool slots,
+the CUDA-graph path) gives each lane the one-lane launch's bits; negative control: the conv
+window not carried over a split changes them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,14 @@ import pytest
 import torch
 
 from lanes.backends import make_ops
-from lanes.models.mamba2 import Mamba2Shape, Mamba2Weights, mamba2_mixer, mamba2_state_shapes
+from lanes.kernels.mamba2 import ssd_scan, ssd_scan_lanes
+from lanes.models.mamba2 import (
+    Mamba2Shape,
+    Mamba2Weights,
+    mamba2_mixer,
+    mamba2_rule,
+    mamba2_state_shapes,
+)
 
 T = 19
 
@@ -49,19 +58,22 @@ def _zeros(shape):
     return torch.zeros(conv), torch.zeros(ssm)
 
 
-def test_mixer_matches_transformers(layer):
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_mixer_matches_transformers(layer, kernels):
     mixer, shape, w = layer
     x = torch.randn(T, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = mixer(x[None])[0]
-    got, _, _ = mamba2_mixer(make_ops(True, "cpu"), x, w, shape, *_zeros(shape))
+    got, _, _ = mamba2_mixer(make_ops(True, "cpu", kernels), x, w, shape, *_zeros(shape))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("split", [1, 7, 12])
-def test_split_prompts_and_decoding_give_the_whole_prompts_bits(layer, split):
+@pytest.mark.parametrize(
+    ("kernels", "split"), [("torch", 1), ("torch", 7), ("torch", 12), ("triton", 12)]
+)
+def test_split_prompts_and_decoding_give_the_whole_prompts_bits(layer, kernels, split):
     _, shape, w = layer
-    ops = make_ops(True, "cpu")
+    ops = make_ops(True, "cpu", kernels)
     x = torch.randn(T, 64, generator=torch.Generator().manual_seed(2))
     whole, conv_end, ssm_end = mamba2_mixer(ops, x, w, shape, *_zeros(shape))
     first, conv, ssm = mamba2_mixer(ops, x[:split], w, shape, *_zeros(shape))
@@ -81,3 +93,32 @@ def test_negative_control_a_split_without_the_conv_window_differs(layer):
     first, _, ssm = mamba2_mixer(ops, x[:7], w, shape, *_zeros(shape))
     rest, _, _ = mamba2_mixer(ops, x[7:], w, shape, _zeros(shape)[0], ssm)
     assert not torch.equal(torch.cat([first, rest]), whole)
+
+
+def test_the_kernels_lanes_form_gives_each_lane_its_own_bits(layer):
+    """Three lanes of 5 rows in one launch, their states in pool slots 2, 0 and 1: each lane's
+    output, conv window and state are the one-lane launch's, bitwise; without `advance` the
+    pools are left as they were (verify rows)."""
+    _, shape, w = layer
+    rule = mamba2_rule(w, shape)
+    gen = torch.Generator().manual_seed(4)
+    lanes, t = 3, 5
+    xbc = torch.randn(lanes * t, shape.conv_dim, generator=gen)
+    z = torch.randn(lanes * t, shape.inner, generator=gen)
+    dt = torch.randn(lanes * t, shape.heads, generator=gen)
+    conv_shape, state_shape = mamba2_state_shapes(shape)
+    conv_pool = torch.randn(4, *conv_shape, generator=gen)
+    state_pool = torch.randn(4, *state_shape, generator=gen) * 0.1
+    slots = torch.tensor([2, 0, 1])
+    want = []
+    for lane, slot in enumerate(slots.tolist()):
+        rows = slice(lane * t, (lane + 1) * t)
+        want.append(ssd_scan(xbc[rows], z[rows], dt[rows], conv_pool[slot], state_pool[slot], rule))
+    before = conv_pool.clone(), state_pool.clone()
+    kept = ssd_scan_lanes(xbc, z, dt, conv_pool, state_pool, slots, t, rule, advance=False)
+    assert torch.equal(conv_pool, before[0]) and torch.equal(state_pool, before[1])
+    out = ssd_scan_lanes(xbc, z, dt, conv_pool, state_pool, slots, t, rule, advance=True)
+    assert torch.equal(out, kept) and torch.equal(out, torch.cat([o for o, _, _ in want]))
+    for (_, conv, state), slot in zip(want, slots.tolist(), strict=True):
+        assert torch.equal(conv_pool[slot], conv) and torch.equal(state_pool[slot], state)
+    assert torch.equal(conv_pool[3], before[0][3])  # no lane's slot

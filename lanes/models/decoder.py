@@ -1,5 +1,6 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, and the Qwen3.5
-hybrids) over a flat paged batch."""
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, GLM-4 MoE, the
+Qwen3.5 hybrids, and Nemotron-H, whose single-mixer blocks are layers with one half) over a flat
+paged batch."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from lanes.cache.kv_pool import KVPool
 from lanes.cache.state_pool import StatePool
 from lanes.config import ModelConfig
 from lanes.models.deltanet import gated_deltanet, settle_deltanet
+from lanes.models.mamba2 import mamba2_layer, settle_mamba2
 from lanes.models.moe import moe_mlp
 from lanes.models.rope import rope_tables
 from lanes.models.weights import DecoderWeights
@@ -66,18 +68,13 @@ class Decoder:
             x = ops.rms_norm(residual, w.layers[0].input_norm, eps)
         kept = []  # feature_layers' outputs
         for i, layer in enumerate(w.layers):
-            if layer.deltanet is not None:  # hybrids: a recurrent token mixer, no KV
-                j = self.state_layer[i]
-                o = gated_deltanet(ops, x, layer.deltanet, cfg, batch, kv.states, j)
-            else:
-                o = self._reduce(self._attention(x, layer, kv, self.kv_layer[i], batch, cos, sin))
-            residual, x = ops.add_rms_norm(o, residual, layer.post_norm, eps)
-            if layer.router is not None:
-                down = self._reduce(moe_mlp(ops, x, layer, cfg))
-            else:
-                down = self._reduce(ops.glu_linear(ops.linear(x, layer.gate_up), layer.down))
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
-            residual, x = ops.add_rms_norm(down, residual, next_norm, eps)
+            if layer.has_mixer:  # every layer but Nemotron-H's MLP blocks
+                o = self._mix(x, layer, i, kv, batch, cos, sin)
+                after = layer.post_norm if layer.has_mlp else next_norm
+                residual, x = ops.add_rms_norm(o, residual, after, eps)
+            if layer.has_mlp:  # every layer but Nemotron-H's mixer blocks
+                residual, x = ops.add_rms_norm(self._mlp(x, layer), residual, next_norm, eps)
             if self.feature_layers is not None and i in self.feature_layers:
                 kept.append(residual if self.feature_prenorm else x)
         # an EAGLE-3 head feeds its pre-norm output back as the next row's feature
@@ -86,6 +83,27 @@ class Decoder:
         )
         logits = ops.linear(x[batch.logits_indices], w.lm_head).float()  # [num_logits, vocab]
         return logits if self.comm is None else self.comm.gather_last(logits)
+
+    def _mix(self, x, layer, i: int, kv: KVPool, batch, cos, sin) -> torch.Tensor:
+        """The layer's token mixer: attention over the paged KV, or a recurrent one (hybrids:
+        a gated DeltaNet or a Mamba-2 mixer, no KV)."""
+        if layer.deltanet is not None:
+            j = self.state_layer[i]
+            return gated_deltanet(self.ops, x, layer.deltanet, self.cfg, batch, kv.states, j)
+        if layer.mamba is not None:
+            j = self.state_layer[i]
+            return mamba2_layer(self.ops, x, layer.mamba, self.cfg.mamba, batch, kv.states, j)
+        return self._reduce(self._attention(x, layer, kv, self.kv_layer[i], batch, cos, sin))
+
+    def _mlp(self, x, layer) -> torch.Tensor:
+        ops = self.ops
+        if layer.router is not None:
+            return self._reduce(moe_mlp(ops, x, layer, self.cfg))
+        if layer.up is not None:  # Nemotron-H: relu(up x)², no gate
+            return self._reduce(
+                ops.linear(torch.relu(ops.linear(x, layer.up)).square(), layer.down)
+            )
+        return self._reduce(ops.glu_linear(ops.linear(x, layer.gate_up), layer.down))
 
     def settle_states(self, states: StatePool, slot: int, num_computed: int) -> None:
         """Hybrids, after a verify step: the lane's slot advanced over the accepted rows, to the
@@ -103,14 +121,18 @@ class Decoder:
             j = self.state_layer.get(i)
             if j is None:
                 continue
-            rows = inputs[j]  # (mixed, b, a) of the verify rows
+            rows = inputs[j]  # the verify rows' inputs to the recurrence
             if not 0 < num_rows <= rows[0].shape[0]:
                 raise AssertionError(
                     f"state slot {slot}: position {num_computed - 1} is not among the verify rows"
                 )
-            settle_deltanet(
-                self.ops, layer.deltanet, self.cfg, states, slot, j, first, rows, num_rows
-            )
+            if layer.mamba is not None:
+                m = layer.mamba
+                settle_mamba2(self.ops, m, self.cfg.mamba, states, slot, j, first, rows, num_rows)
+            else:
+                settle_deltanet(
+                    self.ops, layer.deltanet, self.cfg, states, slot, j, first, rows, num_rows
+                )
 
     def _attention(self, x, layer, kv: KVPool, pool_layer: int, batch, cos, sin) -> torch.Tensor:
         """Causal attention over the paged KV, o_proj applied: [n, hidden] (a partial sum under

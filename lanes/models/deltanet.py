@@ -25,17 +25,6 @@ from lanes.models.weights import DeltaNetWeights
 from lanes.ops import Ops
 
 
-def deltanet_state_shapes(cfg: ModelConfig) -> tuple[tuple[int, int], tuple[int, int, int]]:
-    """(conv state [channels, kernel - 1], recurrent state [value heads, dk, dv]) per layer."""
-    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
-    conv_dim = 2 * key_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
-    return (conv_dim, cfg.linear_conv_kernel - 1), (
-        cfg.linear_num_value_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-    )
-
-
 def gated_deltanet(
     ops: Ops,
     x: torch.Tensor,  # [num_tokens, hidden], normed

@@ -1,8 +1,10 @@
-"""The Mamba-2 token mixer of Nemotron-H's "linear attention" layers (issue 44): the reference
-form, one lane's tokens in order with its state carried in and out. Not yet wired into the
-decoder: Nemotron-H's layers (each one mixer — Mamba-2, attention, a ReLU² MLP or MoE — with its
-own norm) and its state slots come next; the states have the gated DeltaNet's two shapes (a conv
-window and a recurrent state per layer), so they fit `cache/state_pool.py` as they are.
+"""The Mamba-2 token mixer of Nemotron-H's linear-attention layers: the projections here, the
+conv and scan through the ops (`ops.mamba2`: kernels/mamba2.py's torch form on the CPU ops, its
+Triton kernels on the Triton ops), each lane's state read from and written back to its slot. In
+a CUDA graph (`batch.lane_states`) one launch runs every lane, its slot named on the device.
+Verify steps only read the state; `settle_mamba2` runs the accepted rows again once they are
+known. The state has the gated DeltaNet's two parts (a conv window and a recurrent state per
+layer), so it lives in the same pool (cache/state_pool.py) under the same contract.
 
 Per token t, for head h of group g = h // (heads / groups):
 
@@ -16,56 +18,85 @@ Per token t, for head h of group g = h // (heads / groups):
 
 Exactness as in lanes/models/deltanet.py: every token goes through the same float32 recurrence
 in order, on shapes that depend only on the model, so a token's bits do not depend on where a
-prompt is split, whether it is prefilled or decoded, or on other lanes; only the projections go
-through the (batch-invariant) ops. transformers evaluates a prompt with a chunked algorithm (the
-same math in another order: equal to ~1e-6 in float32).
+prompt is split, whether it is prefilled, decoded or verified, or on other lanes; only the
+projections go through the (batch-invariant) ops. transformers evaluates a prompt with a chunked
+algorithm (the same math in another order: equal to ~1e-6 in float32).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
+from lanes.batch import ForwardBatch
+from lanes.cache.state_pool import StatePool
+from lanes.config import Mamba2Shape
+from lanes.kernels.mamba2 import Mamba2Rule
+from lanes.models.weights import Mamba2Weights
 from lanes.ops import Ops
 
-
-@dataclass(frozen=True)
-class Mamba2Shape:
-    heads: int  # mamba_num_heads
-    head_dim: int  # mamba_head_dim
-    state: int  # ssm_state_size
-    groups: int  # n_groups: heads share B and C within a group
-    kernel: int  # conv_kernel
-    eps: float  # the gated norm's
-    dt_min: float = 0.0  # time_step_limit
-    dt_max: float = float("inf")
-
-    @property
-    def inner(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.inner + 2 * self.groups * self.state
-
-
-@dataclass
-class Mamba2Weights:
-    in_proj: torch.Tensor  # [inner + conv_dim + heads, hidden]: z, xBC, dt
-    conv: torch.Tensor  # [conv_dim, kernel] depthwise, oldest input first
-    conv_bias: torch.Tensor | None  # [conv_dim]
-    dt_bias: torch.Tensor  # [heads] float32
-    neg_a: torch.Tensor  # [heads] float32: -exp(A_log)
-    d: torch.Tensor  # [heads] float32: the skip
-    norm: torch.Tensor  # [inner]: the gated group norm's weight
-    out: torch.Tensor  # [hidden, inner]
+__all__ = ["Mamba2Shape", "Mamba2Weights", "mamba2_layer", "mamba2_mixer", "settle_mamba2"]
 
 
 def mamba2_state_shapes(shape: Mamba2Shape) -> tuple[tuple[int, int], tuple[int, int, int]]:
     """(conv state [conv_dim, kernel - 1], recurrent state [heads, head_dim, state])."""
     return (shape.conv_dim, shape.kernel - 1), (shape.heads, shape.head_dim, shape.state)
+
+
+def mamba2_layer(
+    ops: Ops,
+    x: torch.Tensor,  # [num_tokens, hidden], normed
+    w: Mamba2Weights,
+    shape: Mamba2Shape,
+    batch: ForwardBatch,
+    states: StatePool,
+    layer: int,  # index among the linear-attention layers
+) -> torch.Tensor:
+    """The mixer's output [num_tokens, hidden] (before the residual add); reads and writes each
+    lane's state slot (verify steps only read it: `StatePool.defer`)."""
+    z, xbc, dt = _projections(ops, x, w, shape)
+    rule = mamba2_rule(w, shape)
+    lanes = batch.lane_states
+    if lanes is not None:  # a CUDA graph: every lane's rows in one launch, slots on the device
+        conv_pool, state_pool = states.conv[:, layer], states.recurrent[:, layer]
+        out = ops.mamba2_lanes(
+            xbc, z, dt, conv_pool, state_pool, lanes.slots, lanes.rows_per_lane, rule,
+            advance=not lanes.keep,
+        )  # fmt: skip
+        if lanes.keep:  # settled on the host once acceptance is known: see LaneStates
+            for saved, value in zip(lanes.saved[layer], (xbc, dt), strict=True):
+                saved.copy_(value)
+        return ops.linear(out, w.out)
+    if x.shape[0] and not batch.seqs:
+        raise ValueError("a hybrid model's forward needs its lanes' rows (seqs or lane_states)")
+    out = torch.empty((x.shape[0], shape.inner), dtype=x.dtype, device=x.device)
+    for seq in batch.seqs:
+        conv, state = states.read(seq.state_slot, layer, seq.first_position)
+        rows = slice(seq.query_start, seq.query_start + seq.num_queries)
+        out[rows], conv, state = ops.mamba2(xbc[rows], z[rows], dt[rows], conv, state, rule)
+        if seq.keep_states:  # the state stays; settle runs the accepted rows again
+            states.defer(seq.state_slot, layer, seq.first_position, (xbc[rows], dt[rows]))
+        else:
+            states.write(seq.state_slot, layer, seq.context_len, conv, state)
+    return ops.linear(out, w.out)
+
+
+def settle_mamba2(
+    ops: Ops,
+    w: Mamba2Weights,
+    shape: Mamba2Shape,
+    states: StatePool,
+    slot: int,
+    layer: int,
+    first_position: int,
+    inputs: tuple[torch.Tensor, ...],  # the verify rows' (xbc, dt)
+    num_rows: int,
+) -> None:
+    """After a verify step from first_position: the layer's state advanced by its first
+    num_rows rows (the accepted ones), the same per-row arithmetic as the forward ran."""
+    xbc, dt = (t[:num_rows] for t in inputs)
+    conv, state = states.read(slot, layer, first_position)
+    _, conv, state = ops.mamba2(xbc, None, dt, conv, state, mamba2_rule(w, shape))
+    states.write(slot, layer, first_position + num_rows, conv, state)
 
 
 def mamba2_mixer(
@@ -76,44 +107,33 @@ def mamba2_mixer(
     conv_state: torch.Tensor,  # [conv_dim, kernel - 1] float32: the inputs before x
     ssm_state: torch.Tensor,  # [heads, head_dim, state] float32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(output [tokens, hidden] before the residual add, the conv state and the recurrent state
-    after the last token); the states passed in are not changed."""
-    s = shape
-    proj = ops.linear(x, w.in_proj).float()
-    z, xbc, dt = proj.split([s.inner, s.conv_dim, s.heads], dim=-1)
-    seq = torch.cat([conv_state.T.float(), xbc])  # [kernel - 1 + tokens, conv_dim]: raw inputs
-    conv = w.conv.float()
-    per_group = s.heads // s.groups
-    state = ssm_state.clone()
-    rows = []
-    # every step on tensors of the model's shapes alone: elementwise kernels round a vector's
-    # tail differently from its body, so a [tokens, ...] tensor would tie a token's bits to T
-    for t in range(x.shape[0]):
-        mixed = seq[t] * conv[:, 0]
-        for j in range(1, s.kernel):  # the taps oldest first
-            mixed = mixed + seq[t + j] * conv[:, j]
-        if w.conv_bias is not None:
-            mixed = mixed + w.conv_bias.float()
-        mixed = F.silu(mixed)
-        xt, bt, ct = mixed.split([s.inner, s.groups * s.state, s.groups * s.state])
-        xt = xt.view(s.heads, s.head_dim)
-        bt = bt.view(s.groups, s.state).repeat_interleave(per_group, dim=0)  # [heads, state]
-        ct = ct.view(s.groups, s.state).repeat_interleave(per_group, dim=0)
-        step = F.softplus(dt[t] + w.dt_bias).clamp(s.dt_min, s.dt_max)  # [heads]
-        decay = torch.exp(step * w.neg_a)
-        state = state * decay[:, None, None] + (step[:, None] * xt)[:, :, None] * bt[:, None, :]
-        y = (state * ct[:, None, :]).sum(-1) + w.d[:, None] * xt  # [heads, head_dim]
-        rows.append(_gated_group_norm(y.reshape(s.inner), z[t], w.norm, s))
-    new_conv = seq[seq.shape[0] - (s.kernel - 1) :].T.contiguous()
-    normed = torch.stack(rows) if rows else proj.new_zeros((0, s.inner))
-    return ops.linear(normed.to(x.dtype), w.out), new_conv, state
+    """One lane's mixer, its states passed in (not changed) and returned: (output [tokens,
+    hidden] before the residual add, the conv state and the recurrent state after the last
+    token)."""
+    z, xbc, dt = _projections(ops, x, w, shape)
+    out, conv, state = ops.mamba2(xbc, z, dt, conv_state, ssm_state, mamba2_rule(w, shape))
+    return ops.linear(out, w.out), conv, state
 
 
-def _gated_group_norm(
-    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, s: Mamba2Shape
-) -> torch.Tensor:
-    """One token's RMS norm of y * silu(z) [inner] within each group of inner / groups channels,
-    times the weight."""
-    grouped = (y * F.silu(z)).view(s.groups, s.inner // s.groups)
-    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + s.eps)
-    return weight.float() * grouped.reshape(s.inner)
+def mamba2_rule(w: Mamba2Weights, shape: Mamba2Shape) -> Mamba2Rule:
+    bias = w.conv_bias if w.conv_bias is not None else torch.zeros_like(w.conv[:, 0])
+    return Mamba2Rule(
+        taps=w.conv.float(),
+        conv_bias=bias.float(),
+        dt_bias=w.dt_bias,
+        neg_a=w.neg_a,
+        d=w.d,
+        norm=w.norm,
+        heads=shape.heads,
+        head_dim=shape.head_dim,
+        state=shape.state,
+        groups=shape.groups,
+        eps=shape.eps,
+        dt_min=shape.dt_min,
+        dt_max=shape.dt_max,
+    )
+
+
+def _projections(ops: Ops, x: torch.Tensor, w: Mamba2Weights, shape: Mamba2Shape):
+    """(z [n, inner], xBC [n, conv_dim], dt [n, heads]): views of one projection."""
+    return ops.linear(x, w.in_proj).split([shape.inner, shape.conv_dim, shape.heads], dim=-1)

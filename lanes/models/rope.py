@@ -31,8 +31,12 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 
 def rope_tables(cfg: ModelConfig, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [max_position_embeddings, rope_dim / 2] float32, indexed by absolute position
-    (rope_dim: head_dim, or the rotary part of it under partial RoPE)."""
+    (rope_dim: head_dim, or the rotary part of it under partial RoPE). A model whose attention
+    has no positional rotation (Nemotron-H) gets cos 1 and sin 0: the rotation leaves q and k
+    as they are, exactly (x * 1 + y * 0)."""
     inv_freq = inverse_frequencies(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
+    if not cfg.attention_rope:
+        inv_freq = torch.zeros_like(inv_freq)
     positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)
     return angles.cos().to(device), angles.sin().to(device)

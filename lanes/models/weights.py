@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lanes.config import ModelConfig
+from lanes.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from lanes.packed import PackedWeight, cat_packed
 
 # Buffers some checkpoints carry that lanes recomputes.
@@ -21,6 +21,8 @@ class WeightError(ValueError):
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every tensor the checkpoint must hold."""
+    if cfg.family == "nemotron_h":
+        return _nemotron_h_shapes(cfg)
     h = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (cfg.vocab_size, h),
@@ -101,6 +103,38 @@ def _deltanet_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     }
 
 
+def _nemotron_h_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Nemotron-H's tensors, as its checkpoints name them: a norm and one mixer per block."""
+    h = cfg.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "backbone.embeddings.weight": (cfg.vocab_size, h),
+        "backbone.norm_f.weight": (h,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    s = cfg.mamba
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"backbone.layers.{i}."
+        shapes[p + "norm.weight"] = (h,)
+        p += "mixer."
+        if kind == LINEAR_ATTENTION:
+            shapes.update({
+                p + "in_proj.weight": (2 * s.inner + 2 * s.groups * s.state + s.heads, h),
+                p + "conv1d.weight": (s.conv_dim, 1, s.kernel),
+                p + "dt_bias": (s.heads,), p + "A_log": (s.heads,), p + "D": (s.heads,),
+                p + "norm.weight": (s.inner,),
+                p + "out_proj.weight": (h, s.inner),
+            })  # fmt: skip
+            if s.conv_bias:
+                shapes[p + "conv1d.bias"] = (s.conv_dim,)
+        elif kind == FULL_ATTENTION:
+            shapes.update(_attention_shapes(cfg, p))
+        else:
+            shapes[p + "up_proj.weight"] = (cfg.intermediate_size, h)
+            shapes[p + "down_proj.weight"] = (h, cfg.intermediate_size)
+    return shapes
+
+
 def check_shapes(found: dict[str, tuple[int, ...]], cfg: ModelConfig) -> None:
     """Raise WeightError naming every missing, unexpected or mis-shaped tensor."""
     want = expected_shapes(cfg)
@@ -148,6 +182,20 @@ class DeltaNetWeights:
 
 
 @dataclass
+class Mamba2Weights:
+    """A Mamba-2 token mixer (lanes/models/mamba2.py)."""
+
+    in_proj: torch.Tensor  # [inner + conv_dim + heads, hidden]: z, xBC, dt
+    conv: torch.Tensor  # [conv_dim, kernel] depthwise, oldest input first
+    conv_bias: torch.Tensor | None  # [conv_dim]
+    dt_bias: torch.Tensor  # [heads] float32
+    neg_a: torch.Tensor  # [heads] float32: -exp(A_log)
+    d: torch.Tensor  # [heads] float32: the skip
+    norm: torch.Tensor  # [inner]: the gated group norm's weight
+    out: torch.Tensor  # [hidden, inner]
+
+
+@dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     # attention layers: [q_size + 2 * kv_size (+ q_size of output gate), hidden]; None: DeltaNet
@@ -164,10 +212,22 @@ class LayerWeights:
     experts_gate_up: torch.Tensor | None = None  # [experts, 2 * moe_intermediate, hidden]
     experts_down: torch.Tensor | None = None  # [experts, hidden, moe_intermediate]
     deltanet: DeltaNetWeights | None = None  # linear-attention layers of hybrids
+    mamba: Mamba2Weights | None = None  # Nemotron-H's linear-attention layers
+    up: torch.Tensor | PackedWeight | None = None  # [intermediate, hidden]: an ungated ReLU² MLP
     # Qwen3.5-MoE's shared expert: [2 * shared_intermediate, hidden], [hidden, ...], [1, hidden]
     shared_gate_up: torch.Tensor | None = None
     shared_down: torch.Tensor | None = None
     shared_gate: torch.Tensor | None = None
+
+    @property
+    def has_mixer(self) -> bool:
+        """False for Nemotron-H's MLP blocks."""
+        return self.qkv is not None or self.deltanet is not None or self.mamba is not None
+
+    @property
+    def has_mlp(self) -> bool:
+        """False for Nemotron-H's mixer blocks."""
+        return self.gate_up is not None or self.router is not None or self.up is not None
 
 
 @dataclass
@@ -195,9 +255,11 @@ class DecoderWeights:
         seen, out = set(), []
         tensors = [self.embed, self.norm, self.lm_head, self.fuse, self.hidden_norm]
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if not isinstance(t, DeltaNetWeights)]
-            if layer.deltanet is not None:
-                tensors += list(vars(layer.deltanet).values())
+            mixers = (DeltaNetWeights, Mamba2Weights)
+            tensors += [t for t in vars(layer).values() if not isinstance(t, mixers)]
+            for mixer in (layer.deltanet, layer.mamba):
+                if mixer is not None:
+                    tensors += list(vars(mixer).values())
         for t in tensors:
             if t is not None and id(t) not in seen:
                 seen.add(id(t))
@@ -354,6 +416,46 @@ def assemble(
             ),
         }
 
+    def mamba(x: str) -> Mamba2Weights:
+        return Mamba2Weights(
+            in_proj=dense(get(x + "in_proj.weight")),
+            conv=get(x + "conv1d.weight")[:, 0].contiguous(),
+            conv_bias=get_fp32(x + "conv1d.bias") if cfg.mamba.conv_bias else None,
+            dt_bias=get_fp32(x + "dt_bias"),
+            neg_a=-get_fp32(x + "A_log").exp(),
+            d=get_fp32(x + "D"),
+            norm=get(x + "norm.weight"),
+            out=get(x + "out_proj.weight"),
+        )
+
+    def nemotron_block(i: int, kind: str) -> LayerWeights:
+        """One pre-normed block holding one mixer; its norm serves as both of the layer's norms
+        (the decoder runs only the half the block has)."""
+        p = f"backbone.layers.{i}."
+        block_norm = norm(p + "norm.weight")
+        parts: dict = {"qkv": None, "qkv_bias": None, "q_norm": None, "k_norm": None, "o": None}
+        if kind == LINEAR_ATTENTION:
+            parts["mamba"] = mamba(p + "mixer.")
+        elif kind == FULL_ATTENTION:
+            parts.update(attention(p + "mixer."))
+        else:  # the ReLU² MLP
+            parts["up"] = get(p + "mixer.up_proj.weight")
+            parts["down"] = get(p + "mixer.down_proj.weight")
+        return LayerWeights(
+            input_norm=block_norm,
+            post_norm=block_norm,
+            **{"gate_up": None, "down": None, **parts},
+        )
+
+    if cfg.family == "nemotron_h":
+        embed = get("backbone.embeddings.weight")
+        blocks = [nemotron_block(i, kind) for i, kind in enumerate(cfg.layer_types)]
+        return DecoderWeights(
+            embed=embed,
+            layers=blocks,
+            norm=norm("backbone.norm_f.weight"),
+            lm_head=embed if cfg.tie_word_embeddings else get("lm_head.weight"),
+        )
     layers = []
     for i in range(cfg.num_layers):
         p, m = f"model.layers.{i}.", f"model.layers.{i}.mlp."
