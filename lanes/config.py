@@ -8,6 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lanes.family_fields import (  # noqa: F401  (re-exported: the names every module imports)
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    MLP_BLOCK,
+    ConfigError,
+    Mamba2Shape,
+    family_fields,
+    nemotron_h_common,
+    number_field,
+)
+
 # HF `architectures[0]` -> lanes family. Every family is the same decoder with a few switches.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -29,12 +40,6 @@ SUPPORTED_ARCHITECTURES = {
 }
 # vision-language wrappers served as their language model (config `text_config`)
 VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
-LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
-MLP_BLOCK = "mlp"  # Nemotron-H: a block that is only an MLP (no token mixer)
-
-
-class ConfigError(ValueError):
-    """A model or engine configuration lanes cannot run."""
 
 
 def cache_dir() -> Path:
@@ -68,29 +73,6 @@ class RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
-
-
-@dataclass(frozen=True)
-class Mamba2Shape:
-    """A Mamba-2 mixer's head layout (Nemotron-H's linear-attention layers)."""
-
-    heads: int  # mamba_num_heads
-    head_dim: int  # mamba_head_dim
-    state: int  # ssm_state_size
-    groups: int  # n_groups: heads share B and C within a group
-    kernel: int  # conv_kernel
-    eps: float  # the gated norm's
-    dt_min: float = 0.0  # time_step_limit
-    dt_max: float = float("inf")
-    conv_bias: bool = True
-
-    @property
-    def inner(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.inner + 2 * self.groups * self.state
 
 
 @dataclass(frozen=True)
@@ -248,13 +230,13 @@ class ModelConfig:
             )
         family = SUPPORTED_ARCHITECTURES[arch]
         if family == "nemotron_h":  # its names for the fields every family has
-            raw = _nemotron_h_common(raw)
-        hidden = _number(raw, "hidden_size", int)
-        num_heads = _number(raw, "num_attention_heads", int)
+            raw = nemotron_h_common(raw)
+        hidden = number_field(raw, "hidden_size", int)
+        num_heads = number_field(raw, "num_attention_heads", int)
         if num_heads <= 0:
             raise ConfigError(f"'num_attention_heads' must be positive, got {num_heads}")
-        max_pos = _number(raw, "max_position_embeddings", int, 2048)
-        head_dim = _number(raw, "head_dim", int, 0) or hidden // num_heads
+        max_pos = number_field(raw, "max_position_embeddings", int, 2048)
+        head_dim = number_field(raw, "head_dim", int, 0) or hidden // num_heads
         window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
         if family == "mistral" and isinstance(window, int) and 0 < window < max_pos:
             max_pos = window  # full attention is exact only inside the window
@@ -264,17 +246,17 @@ class ModelConfig:
             raise ConfigError(f"'eos_token_id' must be a token id or a list of them, got {eos!r}")
         return cls(
             family=family,
-            vocab_size=_number(raw, "vocab_size", int),
+            vocab_size=number_field(raw, "vocab_size", int),
             hidden_size=hidden,
             # an all-MoE model has no dense MLP: transformers 5.25 writes no intermediate_size
-            intermediate_size=_number(
+            intermediate_size=number_field(
                 raw, "intermediate_size", int, 0 if "moe" in family else None
             ),
-            num_layers=_number(raw, "num_hidden_layers", int),
+            num_layers=number_field(raw, "num_hidden_layers", int),
             num_heads=num_heads,
-            num_kv_heads=_number(raw, "num_key_value_heads", int, num_heads) or num_heads,
+            num_kv_heads=number_field(raw, "num_key_value_heads", int, num_heads) or num_heads,
             head_dim=head_dim,
-            rms_norm_eps=_number(raw, "rms_norm_eps", float, 1e-6),
+            rms_norm_eps=number_field(raw, "rms_norm_eps", float, 1e-6),
             rope_theta=_rope_theta(raw),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -286,7 +268,7 @@ class ModelConfig:
             if isinstance(raw.get("bos_token_id"), int)
             else None,
             eos_token_ids=eos_ids,
-            **_family_fields(raw, family, head_dim),
+            **family_fields(raw, family, head_dim),
         )
 
 
@@ -307,257 +289,11 @@ _SIZE_BOUNDS = {
 }
 
 
-def _family_fields(raw: dict[str, Any], family: str, head_dim: int) -> dict[str, Any]:
-    """The fields only some families have: experts, hybrid layers, a shared expert."""
-    fields: dict[str, Any] = {}
-    if family in ("qwen3_moe", "qwen3_5_moe"):
-        fields.update(_moe_fields(raw))
-    if family in ("qwen3_5", "qwen3_5_moe"):
-        fields.update(_hybrid_fields(raw, head_dim))
-    if family == "qwen3_5_moe":
-        fields.update(_shared_expert_fields(raw))
-    if family == "glm4_moe":
-        fields.update(_glm_moe_fields(raw, head_dim))
-    if family == "nemotron_h":
-        fields.update(_nemotron_h_fields(raw))
-    return fields
-
-
-# Nemotron-H's block letters (`hybrid_override_pattern`) and the names transformers' configs use
-_NEMOTRON_BLOCKS = {
-    "M": LINEAR_ATTENTION, "linear_attention": LINEAR_ATTENTION, "mamba": LINEAR_ATTENTION,
-    "*": FULL_ATTENTION, "full_attention": FULL_ATTENTION, "attention": FULL_ATTENTION,
-    "-": MLP_BLOCK, "mlp": MLP_BLOCK,
-    "E": "moe", "moe": "moe",
-}  # fmt: skip
-
-
-def _nemotron_h_blocks(raw: dict[str, Any]) -> list[str]:
-    """Each block's type from `layers_block_type` (transformers 5), else the older
-    `hybrid_override_pattern` string (hub checkpoints: "M-M*-..."); MoE blocks are refused."""
-    blocks = raw.get("layers_block_type") or raw.get("layer_types")
-    if blocks is None:
-        blocks = raw.get("hybrid_override_pattern")
-        if not isinstance(blocks, str):
-            raise ConfigError("'hybrid_override_pattern' (or 'layers_block_type') is missing")
-        blocks = list(blocks)
-    if not isinstance(blocks, list) or not blocks:
-        raise ConfigError(f"'layers_block_type' must list the blocks, got {blocks!r:.60}")
-    unknown = sorted({b for b in blocks if b not in _NEMOTRON_BLOCKS}, key=str)
-    if unknown:
-        raise ConfigError(f"Nemotron-H block types {unknown!r:.60} are unknown")
-    types = [_NEMOTRON_BLOCKS[b] for b in blocks]
-    if "moe" in types:
-        raise ConfigError(
-            "Nemotron-H MoE blocks ('E') are not supported yet; lanes serves Nemotron-H's "
-            "Mamba-2 ('M'), attention ('*') and MLP ('-') blocks"
-        )
-    return types
-
-
-def _nemotron_h_common(raw: dict[str, Any]) -> dict[str, Any]:
-    """The config with the common fields under the names from_hf reads: the layer count from
-    the block list, the norms' epsilon, and no attention bias (transformers builds none)."""
-    return {
-        **raw,
-        "num_hidden_layers": len(_nemotron_h_blocks(raw)),
-        "rms_norm_eps": raw.get("layer_norm_epsilon", 1e-5),
-        "attention_bias": False,
-    }
-
-
-def _nemotron_h_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """Nemotron-H: the block list, the Mamba-2 shape, ReLU² MLPs, attention without RoPE."""
-
-    def either(name: str, legacy: str, kind: type, default: Any = None) -> Any:
-        return _number(raw, name if name in raw else legacy, kind, default)
-
-    for key, want in (("mamba_hidden_act", "silu"), ("mlp_hidden_act", "relu2")):
-        if raw.get(key, want) != want:
-            raise ConfigError(f"'{key}' must be {want!r}, got {raw.get(key)!r:.40}")
-    for key in ("use_bias", "mlp_bias", "mamba_proj_bias"):
-        if raw.get(key):
-            raise ConfigError(f"'{key}': Nemotron-H projections with biases are not supported")
-    limit = raw.get("time_step_limit", raw.get("mamba_dt_limit", (0.0, float("inf"))))
-    if not isinstance(limit, list | tuple) or len(limit) != 2:
-        raise ConfigError(f"'time_step_limit' must be [min, max], got {limit!r:.60}")
-    # transformers writes an infinite bound as {"__float__": "Infinity"}
-    lo, hi = (float(v["__float__"]) if isinstance(v, dict) else v for v in limit)
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lo, hi)):
-        raise ConfigError(f"'time_step_limit' must be two numbers, got {limit!r:.60}")
-    shape = Mamba2Shape(
-        heads=_number(raw, "mamba_num_heads", int),
-        head_dim=_number(raw, "mamba_head_dim", int),
-        state=_number(raw, "ssm_state_size", int),
-        groups=either("n_groups", "mamba_n_groups", int, 8),
-        kernel=either("conv_kernel", "mamba_d_conv", int, 4),
-        eps=_number(raw, "layer_norm_epsilon", float, 1e-5),
-        dt_min=float(lo),
-        dt_max=float(hi),
-        conv_bias=bool(raw.get("use_conv_bias", raw.get("mamba_conv_bias", True))),
-    )
-    for name in ("heads", "head_dim", "state", "groups"):
-        if getattr(shape, name) <= 0:
-            raise ConfigError(f"the Mamba-2 {name} must be positive, got {getattr(shape, name)}")
-    if shape.heads % shape.groups:
-        raise ConfigError(
-            f"'mamba_num_heads' ({shape.heads}) must be a multiple of 'n_groups' ({shape.groups})"
-        )
-    if not 2 <= shape.kernel <= 64:
-        raise ConfigError(f"'conv_kernel' must be in [2, 64], got {shape.kernel}")
-    if shape.inner > 2**18 or shape.state > 2**12:  # a lying config must not allocate GiBs
-        raise ConfigError(
-            f"a Mamba-2 mixer of {shape.inner} channels and state {shape.state} is beyond what "
-            f"lanes takes ({2**18}, {2**12})"
-        )
-    return {
-        "layer_types": tuple(_nemotron_h_blocks(raw)),
-        "mamba": shape,
-        "mlp_activation": "relu2",
-        "attention_rope": False,
-    }
-
-
-def _glm_moe_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
-    """GLM-4 MoE: layers from `first_k_dense_replace` on route to experts; a shared expert of
-    n_shared_experts x moe_intermediate_size; partial RoPE (half the head by default)."""
-    layers = _number(raw, "num_hidden_layers", int)
-    key = "n_routed_experts" if "n_routed_experts" in raw else "num_local_experts"
-    experts = _number(raw, key, int)
-    groups = _number(raw, "n_group", int, 1)
-    topk_group = _number(raw, "topk_group", int, 1)
-    if experts <= 0 or groups <= 0 or experts % groups or not 0 < topk_group <= groups:
-        raise ConfigError(
-            f"GLM-4 MoE routing: {experts} experts in {groups} groups, topk_group {topk_group}"
-        )
-    if experts // groups < 2:
-        raise ConfigError("GLM-4 MoE routing needs at least 2 experts per group")
-    params = raw.get("rope_parameters") or {}
-    factor = _number({**params, **raw}, "partial_rotary_factor", float, 0.5)
-    rotary = int(head_dim * factor)
-    if not 0 < rotary <= head_dim or rotary % 2:
-        raise ConfigError(f"'partial_rotary_factor' {factor} gives {rotary} rotary dims")
-    size = _number(raw, "moe_intermediate_size", int)
-    return {
-        "num_experts": experts,
-        "experts_per_token": _number(raw, "num_experts_per_tok", int),
-        "moe_intermediate_size": size,
-        "norm_topk_prob": bool(raw.get("norm_topk_prob", True)),
-        "moe_layers": tuple(range(_number(raw, "first_k_dense_replace", int, 1), layers)),
-        "shared_expert_intermediate_size": size * _number(raw, "n_shared_experts", int, 1),
-        "shared_expert_gated": False,
-        "router": "sigmoid_groups",
-        "n_group": groups,
-        "topk_group": topk_group,
-        "routed_scaling_factor": _number(raw, "routed_scaling_factor", float, 1.0),
-        "rotary_dim": rotary,
-    }
-
-
-def _shared_expert_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """Qwen3.5-MoE: a shared expert beside the routed ones; the router always renormalises."""
-    size = _number(raw, "shared_expert_intermediate_size", int, 0)
-    if size < 0:
-        raise ConfigError(f"'shared_expert_intermediate_size' must be >= 0, got {size}")
-    return {"shared_expert_intermediate_size": size, "norm_topk_prob": True}
-
-
-def _hybrid_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
-    """Qwen3.5: `layer_types`, the DeltaNet layers' shapes, partial RoPE, gated attention."""
-    num_layers = _number(raw, "num_hidden_layers", int)
-    types = raw.get("layer_types")
-    if types is None:  # transformers' default: every `full_attention_interval`-th layer attends
-        every = _number(raw, "full_attention_interval", int, 4)
-        types = [
-            FULL_ATTENTION if (i + 1) % every == 0 else LINEAR_ATTENTION for i in range(num_layers)
-        ]
-    if not isinstance(types, list) or len(types) != num_layers:
-        raise ConfigError(
-            f"'layer_types' must list one type per layer ({num_layers}), got {types!r:.60}"
-        )
-    unknown = sorted({t for t in types if t not in (LINEAR_ATTENTION, FULL_ATTENTION)}, key=str)
-    if unknown:
-        raise ConfigError(
-            f"'layer_types' names {unknown!r:.60}; lanes supports {LINEAR_ATTENTION!r} and "
-            f"{FULL_ATTENTION!r}"
-        )
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"'hidden_act' must be 'silu', got {raw.get('hidden_act')!r:.40}")
-    params = raw.get("rope_parameters") or {}
-    factor = _number({**params, **raw}, "partial_rotary_factor", float, 0.25)
-    rotary = int(head_dim * factor)
-    if not 0 < rotary <= head_dim or rotary % 2:
-        raise ConfigError(
-            f"'partial_rotary_factor' {factor} gives {rotary} rotary dims of {head_dim}"
-        )
-    fields = {
-        "layer_types": tuple(types),
-        "rotary_dim": rotary,
-        "attn_output_gate": bool(raw.get("attn_output_gate", True)),
-        "zero_centred_norms": True,
-    }
-    for name, key in (
-        ("linear_num_key_heads", "linear_num_key_heads"),
-        ("linear_num_value_heads", "linear_num_value_heads"),
-        ("linear_key_head_dim", "linear_key_head_dim"),
-        ("linear_value_head_dim", "linear_value_head_dim"),
-        ("linear_conv_kernel", "linear_conv_kernel_dim"),
-    ):
-        fields[name] = _number(raw, key, int)
-        if fields[name] <= 0:
-            raise ConfigError(f"'{key}' must be positive, got {fields[name]}")
-    if fields["linear_num_value_heads"] % fields["linear_num_key_heads"]:
-        raise ConfigError(
-            "'linear_num_value_heads' must be a multiple of 'linear_num_key_heads', got "
-            f"{fields['linear_num_value_heads']} and {fields['linear_num_key_heads']}"
-        )
-    return fields
-
-
-def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """Qwen3-MoE: layer i routes its tokens to experts unless it is in `mlp_only_layers` or
-    (i + 1) is not a multiple of `decoder_sparse_step` (those keep a dense MLP)."""
-    num_layers = _number(raw, "num_hidden_layers", int)
-    step = _number(raw, "decoder_sparse_step", int, 1)
-    if step <= 0:
-        raise ConfigError(f"'decoder_sparse_step' must be positive, got {step}")
-    dense = raw.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-        raise ConfigError(f"'mlp_only_layers' must be a list of layer indices, got {dense!r:.40}")
-    # hub checkpoints say num_experts; transformers 5 writes num_local_experts
-    key = "num_experts" if "num_experts" in raw else "num_local_experts"
-    experts = _number(raw, key, int) if key in raw else _number(raw, "num_experts", int)
-    return {
-        "num_experts": experts,
-        "experts_per_token": _number(raw, "num_experts_per_tok", int),
-        "moe_intermediate_size": _number(raw, "moe_intermediate_size", int),
-        "norm_topk_prob": bool(raw.get("norm_topk_prob", False)),
-        "moe_layers": tuple(
-            i for i in range(num_layers) if i not in dense and experts > 0 and (i + 1) % step == 0
-        ),
-    }
-
-
-def _number(raw: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
-    """A numeric config field, or a ConfigError naming it (missing, wrong type)."""
-    value = raw.get(name, default)
-    if value is None and default is None:
-        raise ConfigError(f"'{name}' is missing")
-    if value is None:
-        return default
-    ok = isinstance(value, int) if kind is int else isinstance(value, int | float)
-    if not ok or isinstance(value, bool):
-        raise ConfigError(
-            f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r:.40}"
-        )
-    return kind(value)
-
-
 def _rope_theta(raw: dict[str, Any]) -> float:
     params = raw.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ConfigError("'rope_parameters' must be an object")
-    return _number(
+    return number_field(
         {"rope_theta": raw.get("rope_theta") or params.get("rope_theta") or 10000.0},
         "rope_theta",
         float,
@@ -575,10 +311,12 @@ def _rope_scaling(raw: dict[str, Any]) -> RopeScaling | None:
     if kind != "llama3":
         raise ConfigError(f"unsupported rope scaling {kind!r}; lanes supports: default, llama3")
     return RopeScaling(
-        factor=_number(spec, "factor", float),
-        low_freq_factor=_number(spec, "low_freq_factor", float),
-        high_freq_factor=_number(spec, "high_freq_factor", float),
-        original_max_position_embeddings=_number(spec, "original_max_position_embeddings", int),
+        factor=number_field(spec, "factor", float),
+        low_freq_factor=number_field(spec, "low_freq_factor", float),
+        high_freq_factor=number_field(spec, "high_freq_factor", float),
+        original_max_position_embeddings=number_field(
+            spec, "original_max_position_embeddings", int
+        ),
     )
 
 

@@ -50,8 +50,8 @@ LAYERS = [
     ("base", ["lanes.cache", "lanes.rounds", "lanes.lane", "lanes.lane_rows", "lanes.lane_view",
               "lanes.sampling", "lanes.sample_math", "lanes.penalties", "lanes.grammar",
               "lanes.grammar_spec", "lanes.grammar_limits", "lanes.deep_stack",
-              "lanes.prompt_bounds", "lanes.config", "lanes.batch", "lanes.tokenizer",
-              "lanes.chat", "lanes.detokenize", "lanes.packed", "lanes._source_tree"]),
+              "lanes.prompt_bounds", "lanes.config", "lanes.family_fields", "lanes.batch",
+              "lanes.tokenizer", "lanes.chat", "lanes.detokenize", "lanes.packed", "lanes._source_tree"]),
 ]  # fmt: skip
 FOLDERS = {"lanes": "lanes", "kernels": "lanes.kernels", "cache": "lanes.cache",
            "drafter": "lanes.drafter"}  # fmt: skip
