@@ -22,6 +22,8 @@ from lanes.models.mamba2 import (
 )
 
 T = 19
+# the Triton kernels run natively where there is a GPU, interpreted on the CPU elsewhere
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +55,28 @@ def layer():
     return mixer, shape, w
 
 
-def _zeros(shape):
+def _zeros(shape, device="cpu"):
     conv, ssm = mamba2_state_shapes(shape)
-    return torch.zeros(conv), torch.zeros(ssm)
+    return torch.zeros(conv, device=device), torch.zeros(ssm, device=device)
+
+
+def _on(kernels: str, w: Mamba2Weights):
+    """(ops, device, the weights there) for the torch form or the Triton kernels."""
+    device = TRITON_DEVICE if kernels == "triton" else "cpu"
+    moved = {k: v.to(device) for k, v in vars(w).items()}
+    return make_ops(True, device, kernels), device, Mamba2Weights(**moved)
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_mixer_matches_transformers(layer, kernels):
     mixer, shape, w = layer
+    ops, device, w = _on(kernels, w)
     x = torch.randn(T, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = mixer(x[None])[0]
-    got, _, _ = mamba2_mixer(make_ops(True, "cpu", kernels), x, w, shape, *_zeros(shape))
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got, _, _ = mamba2_mixer(ops, x.to(device), w, shape, *_zeros(shape, device))
+    tol = 1e-5 if device == "cpu" else 1e-4  # a GPU's float32 matmul sums in another order
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize(
@@ -73,10 +84,10 @@ def test_mixer_matches_transformers(layer, kernels):
 )
 def test_split_prompts_and_decoding_give_the_whole_prompts_bits(layer, kernels, split):
     _, shape, w = layer
-    ops = make_ops(True, "cpu", kernels)
-    x = torch.randn(T, 64, generator=torch.Generator().manual_seed(2))
-    whole, conv_end, ssm_end = mamba2_mixer(ops, x, w, shape, *_zeros(shape))
-    first, conv, ssm = mamba2_mixer(ops, x[:split], w, shape, *_zeros(shape))
+    ops, device, w = _on(kernels, w)
+    x = torch.randn(T, 64, generator=torch.Generator().manual_seed(2)).to(device)
+    whole, conv_end, ssm_end = mamba2_mixer(ops, x, w, shape, *_zeros(shape, device))
+    first, conv, ssm = mamba2_mixer(ops, x[:split], w, shape, *_zeros(shape, device))
     parts = [first]
     for t in range(split, T):  # then decode, a token at a time
         y, conv, ssm = mamba2_mixer(ops, x[t : t + 1], w, shape, conv, ssm)
@@ -100,16 +111,17 @@ def test_the_kernels_lanes_form_gives_each_lane_its_own_bits(layer):
     output, conv window and state are the one-lane launch's, bitwise; without `advance` the
     pools are left as they were (verify rows)."""
     _, shape, w = layer
+    _, device, w = _on("triton", w)
     rule = mamba2_rule(w, shape)
     gen = torch.Generator().manual_seed(4)
     lanes, t = 3, 5
-    xbc = torch.randn(lanes * t, shape.conv_dim, generator=gen)
-    z = torch.randn(lanes * t, shape.inner, generator=gen)
-    dt = torch.randn(lanes * t, shape.heads, generator=gen)
+    xbc = torch.randn(lanes * t, shape.conv_dim, generator=gen).to(device)
+    z = torch.randn(lanes * t, shape.inner, generator=gen).to(device)
+    dt = torch.randn(lanes * t, shape.heads, generator=gen).to(device)
     conv_shape, state_shape = mamba2_state_shapes(shape)
-    conv_pool = torch.randn(4, *conv_shape, generator=gen)
-    state_pool = torch.randn(4, *state_shape, generator=gen) * 0.1
-    slots = torch.tensor([2, 0, 1])
+    conv_pool = torch.randn(4, *conv_shape, generator=gen).to(device)
+    state_pool = (torch.randn(4, *state_shape, generator=gen) * 0.1).to(device)
+    slots = torch.tensor([2, 0, 1], device=device)
     want = []
     for lane, slot in enumerate(slots.tolist()):
         rows = slice(lane * t, (lane + 1) * t)
