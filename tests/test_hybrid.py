@@ -339,6 +339,34 @@ def test_unsupported_hybrid_configs_are_refused(qwen_hybrid):
         ModelConfig.from_hf({"architectures": ["Qwen3_5ForConditionalGeneration"]})
 
 
+def test_nemotron_h_configs_as_hub_checkpoints_write_them_and_refusals(tiny_models):
+    """The older hub form (hybrid_override_pattern, num_hidden_layers, an infinite dt bound
+    written as JSON's Infinity) reads as transformers 5's layers_block_type does; MoE blocks and
+    the variants lanes does not run are refused, each naming its field."""
+    base = json.loads((tiny_models["nemotron_h"][0] / "config.json").read_text())
+    want = ModelConfig.from_hf(base)
+    hub = {k: v for k, v in base.items() if k != "layers_block_type"}
+    hub.update(hybrid_override_pattern="M-*-M-", num_hidden_layers=6)
+    hub["time_step_limit"] = json.loads("[0.0, Infinity]")
+    assert ModelConfig.from_hf(hub) == want
+    with pytest.raises(ConfigError, match="MoE blocks"):
+        ModelConfig.from_hf({**hub, "hybrid_override_pattern": "M-*E"})
+    bad = {
+        "mlp_hidden_act": "gelu",
+        "mamba_hidden_act": "relu",
+        "use_bias": True,
+        "mlp_bias": True,
+        "conv_kernel": 1,
+        "n_groups": 3,
+        "time_step_limit": [0.0],
+    }
+    for field, value in bad.items():
+        with pytest.raises(ConfigError, match=field):
+            ModelConfig.from_hf({**base, field: value})
+    with pytest.raises(ConfigError, match="unknown"):
+        ModelConfig.from_hf({**base, "layers_block_type": ["mamba", "sliding"]})
+
+
 def test_server_disconnect_mid_prefill_then_retry_resumes(tmp_path_factory):
     """Through the server: a client that disconnects mid-prefill of a hybrid model leaves its
     progress (blocks + state snapshot); the retry resumes there and equals a fresh request."""
