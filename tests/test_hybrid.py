@@ -518,15 +518,17 @@ def _graphed(engine):
     return engine
 
 
-def test_graph_buckets_give_the_eager_bits(tiny_models, monkeypatch):
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+def test_graph_buckets_give_the_eager_bits(tiny_models, monkeypatch, arch):
     """Decode and verify rows of a hybrid through the graph buckets (every lane's state read
     and written in its pool slot by one launch per layer; verify rows settled afterwards from
     their saved inputs) give the eager path's tokens and logprobs bitwise: solo, concurrent
     with padding lanes, drafted with rejections. Negative control: without the host's record
-    of what a replay did to the slots, the lanes fail."""
+    of what a replay did to the slots, the lanes fail. (Nemotron-H: one ssd_scan_lanes launch
+    per Mamba-2 layer, its verify rows' (xbc, dt) saved.)"""
     from lanes.graphs import DecodeGraphs
 
-    path, _ = tiny_models["qwen3_5"]
+    path, _ = tiny_models[arch]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base = dict(kernels="triton", device=device, dtype="float32", max_tokens_per_round=40)
     base.update(cuda_graphs=False)  # the reference runs eagerly; _graphed adds the buckets
