@@ -166,6 +166,35 @@ TINY_QWEN35 = dataclasses.replace(
     layer_types=("linear_attention",) * 3 + ("full_attention",), linear_num_key_heads=2,
     linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
 )  # fmt: skip
+# Nemotron-H-8B-like: the published 8B's widths as NemotronHConfig's defaults carry them (52
+# blocks "M-M-M-M*-...", 128 Mamba-2 heads of 64 in 8 groups with a state of 128, attention 32
+# over 8 heads of 128 without RoPE, ReLU² MLPs of 21,504); read through the config parser
+_NEMOTRON_H_8B_FIELDS = {
+    "architectures": ["NemotronHForCausalLM"],
+    "vocab_size": 131072,
+    "hidden_size": 4096,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 21504,
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+    "conv_kernel": 4,
+    "layer_norm_epsilon": 1e-5,
+    "max_position_embeddings": 8192,
+    "eos_token_id": [],
+}
+NEMOTRON_H_8B_LIKE = ModelConfig.from_hf(_NEMOTRON_H_8B_FIELDS)
+# its layout at a tiny width: CPU dry runs
+TINY_NEMOTRON_H = ModelConfig.from_hf({
+    **_NEMOTRON_H_8B_FIELDS, "vocab_size": 512, "hidden_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256, "mamba_num_heads": 8,
+    "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
+    "hybrid_override_pattern": "M-M*-M-",
+})  # fmt: skip
 SHAPES = {
     "llama-3.1-8b": LLAMA_31_8B,
     "llama-3.2-1b": LLAMA_32_1B,
@@ -176,6 +205,8 @@ SHAPES = {
     "tiny": TINY,
     "tiny-moe": TINY_MOE,
     "tiny-qwen3.5": TINY_QWEN35,
+    "nemotron-h-8b-like": NEMOTRON_H_8B_LIKE,
+    "tiny-nemotron-h": TINY_NEMOTRON_H,
 }
 
 
