@@ -35,7 +35,8 @@ from lanes.kernels.triton_shim import tl, triton
 
 @dataclass(frozen=True)
 class Mamba2Rule:
-    """A Mamba-2 layer's parameters the scan reads, and its head layout."""
+    """A Mamba-2 layer's parameters the scan reads, and its head layout (repeated from
+    lanes' Mamba2Shape: kernels take plain data and import nothing of the model's)."""
 
     taps: torch.Tensor  # [conv_dim, kernel] float32, oldest input first
     conv_bias: torch.Tensor  # [conv_dim] float32 (zeros where the model has none)
