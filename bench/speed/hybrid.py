@@ -1,9 +1,11 @@
-"""A hybrid (gated DeltaNet + gated attention) or a mixture of experts on random weights of a
-real shape: lanes' batch-1 decode and long-prompt prefill in exact mode, and transformers' own
-implementation (Qwen3.5, Qwen3.5-MoE, Qwen3-MoE) on the same shape in the same run (issue 18's GPU figures).
+"""A hybrid (gated DeltaNet + gated attention, or Nemotron-H's Mamba-2 blocks) or a mixture of
+experts on random weights of a real shape: lanes' batch-1 decode and long-prompt prefill in exact
+mode, and transformers' own implementation (Qwen3.5, Qwen3.5-MoE, Qwen3-MoE, Nemotron-H) on the
+same shape in the same run (issue 18's GPU figures).
 
     python -m bench.speed.hybrid [--shape qwen3.5-2b-like] [--prefill 8192] [--repeats 3]
-    python -m bench.speed.hybrid --shape qwen3-30b-a3b-like   (or qwen3.5-35b-a3b-like)
+    python -m bench.speed.hybrid --shape qwen3-30b-a3b-like   (or qwen3.5-35b-a3b-like,
+                                                               nemotron-h-8b-like)
     python -m bench.speed.hybrid --graphs both     (decode and prefill without, then with CUDA graphs)
 
 Writes bench/results/hybrid-<shape>-<device>.json. transformers runs its own weights (random,
@@ -33,6 +35,21 @@ def hf_model(config: ModelConfig, device: str):
     shape, random bf16 weights on the device."""
     import transformers
 
+    if config.family == "nemotron_h":
+        m, names = config.mamba, {"linear_attention": "mamba", "full_attention": "attention"}
+        hf_config = transformers.NemotronHConfig(
+            **hf_fields(config),
+            layers_block_type=[names.get(t, t) for t in config.layer_types],
+            mamba_num_heads=m.heads,
+            mamba_head_dim=m.head_dim,
+            ssm_state_size=m.state,
+            n_groups=m.groups,
+            conv_kernel=m.kernel,
+            layer_norm_epsilon=config.rms_norm_eps,
+            max_position_embeddings=config.max_position_embeddings,
+            tie_word_embeddings=config.tie_word_embeddings,
+        )
+        return hf_random_model(transformers.NemotronHForCausalLM, hf_config, device)
     if config.family == "qwen3_moe":
         hf_config = transformers.Qwen3MoeConfig(
             **hf_fields(config),
