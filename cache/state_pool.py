@@ -29,9 +29,8 @@ class StatePool:
         num_slots: int,
         num_layers: int,
         conv_shape: tuple[int, int],  # [conv channels, kernel - 1]
-        state_shape: tuple[
-            int, int, int
-        ],  # DeltaNet: [value heads, dk, dv]; Mamba-2: [heads, P, N]
+        # DeltaNet: [value heads, dk, dv]; Mamba-2: [heads, head_dim, state]
+        state_shape: tuple[int, int, int],
         device: torch.device | str,
         deferred_widths: tuple[int, ...] = (),  # a verify row's saved inputs, per layer
     ) -> None:

@@ -29,6 +29,22 @@ def check(cond: bool, message: str) -> None:
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def conv_window_after(conv: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A causal conv's window [channels, kernel - 1] (float32) after one lane's rows
+    [T, channels]: the recurrent kernels (delta rule, Mamba-2) leave this data movement to torch."""
+    return torch.cat([conv, rows.float().T], dim=1)[:, rows.shape[0] :]
+
+
+def advance_conv_windows(
+    conv_pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, rows_per_lane: int
+) -> None:
+    """conv_window_after for lanes of rows_per_lane rows each, their windows in pool slots (a
+    device tensor), written back in place."""
+    t = rows_per_lane
+    lanes = rows.view(slots.shape[0], t, -1).float().transpose(1, 2)  # [lanes, channels, T]
+    conv_pool.index_copy_(0, slots, torch.cat([conv_pool[slots], lanes], dim=2)[:, :, t:])
+
+
 @functools.cache
 def _pdl_device(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9

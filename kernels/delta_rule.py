@@ -28,7 +28,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lanes.kernels.common import check, interpreting, unfused_launch
+from lanes.kernels.common import (
+    advance_conv_windows,
+    check,
+    conv_window_after,
+    interpreting,
+    unfused_launch,
+)
 from lanes.kernels.triton_shim import tl, triton
 
 L2_EPS = 1e-6  # transformers' l2norm (and flash-linear-attention's)
@@ -223,9 +229,8 @@ def gated_delta(
     state_out = torch.empty_like(state_pool)
     slots = torch.zeros(1, dtype=torch.int64, device=mixed.device)
     out = _launch(mixed, z, b, a, conv_pool, state_pool, state_out, slots, mixed.shape[0], w)
-    inputs = torch.cat([conv, mixed.float().T], dim=1)  # [conv_dim, kernel - 1 + T]
     state_after = state_out[0] if mixed.shape[0] else state
-    return out, inputs[:, mixed.shape[0] :], state_after
+    return out, conv_window_after(conv, mixed), state_after
 
 
 def gated_delta_lanes(
@@ -251,9 +256,7 @@ def gated_delta_lanes(
     check(slots.dtype == torch.int64, "slots must be int64")
     out = _launch(mixed, z, b, a, conv_pool, state_pool, state_pool, slots, t, w, advance)
     if advance:  # after the kernel, which reads the old windows
-        rows = mixed.view(lanes, t, -1).float().transpose(1, 2)  # [lanes, conv_dim, T]
-        windows = torch.cat([conv_pool[slots], rows], dim=2)[:, :, t:]
-        conv_pool.index_copy_(0, slots, windows)
+        advance_conv_windows(conv_pool, slots, mixed, t)
     return out
 
 

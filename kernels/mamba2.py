@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lanes.kernels.common import check, interpreting, unfused_launch
+from lanes.kernels.common import (
+    advance_conv_windows,
+    check,
+    conv_window_after,
+    interpreting,
+    unfused_launch,
+)
 from lanes.kernels.triton_shim import tl, triton
 
 
@@ -226,9 +232,8 @@ def ssd_scan(
     state_out = torch.empty_like(state_pool)
     slots = torch.zeros(1, dtype=torch.int64, device=xbc.device)
     out = _launch(xbc, z, dt, conv_pool, state_pool, state_out, slots, xbc.shape[0], w)
-    inputs = torch.cat([conv, xbc.float().T], dim=1)  # [conv_dim, kernel - 1 + T]
     state_after = state_out[0] if xbc.shape[0] else state
-    return out, inputs[:, xbc.shape[0] :], state_after
+    return out, conv_window_after(conv, xbc), state_after
 
 
 def ssd_scan_lanes(
@@ -252,9 +257,7 @@ def ssd_scan_lanes(
     check(slots.dtype == torch.int64, "slots must be int64")
     out = _launch(xbc, z, dt, conv_pool, state_pool, state_pool, slots, t, w, advance)
     if advance:  # after the kernel, which reads the old windows
-        rows = xbc.view(lanes, t, -1).float().transpose(1, 2)  # [lanes, conv_dim, T]
-        windows = torch.cat([conv_pool[slots], rows], dim=2)[:, :, t:]
-        conv_pool.index_copy_(0, slots, windows)
+        advance_conv_windows(conv_pool, slots, xbc, t)
     return out
 
 
