@@ -33,16 +33,32 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{i}.{layer[rest]}"
 
 
+def write_tokenizer(w, hf_dir, pad_to: int = 1) -> None:
+    """The checkpoint's BPE tokenizer as llama.cpp's converter writes it; pad_to: the token list
+    padded with [PADi] tokens to a multiple of it (the converter does so for Mamba-2 models)."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["content"] for a in tok["added_tokens"]}
+    types = [3 if t in special else 1 for t in tokens]
+    while len(tokens) % pad_to:
+        tokens.append(f"[PAD{len(tokens)}]")
+        types.append(5)  # unused
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(0)
+    w.add_chat_template(CHATML)
+
+
 def write_gguf(path, hf_dir, hf_model, quantize=None):
     """quantize: HF tensor name -> a llama.cpp block type name (Q4_0, Q4_1, Q8_0) or None."""
     import gguf
 
     cfg = hf_model.config
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = {a["content"] for a in tok["added_tokens"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -52,13 +68,7 @@ def write_gguf(path, hf_dir, hf_model, quantize=None):
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in special else 1 for t in tokens])
-    w.add_token_merges(merges)
-    w.add_eos_token_id(0)
-    w.add_chat_template(CHATML)
+    write_tokenizer(w, hf_dir)
     for name, t in hf_model.state_dict().items():
         a = t.float().numpy()
         if name.endswith("q_proj.weight"):

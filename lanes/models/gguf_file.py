@@ -1,5 +1,6 @@
 """Open a GGUF file (via the `gguf` package): config and tokenizer from metadata, tensors
-dequantized to float32 on load and renamed to their HF names. With `packed`, Q4_0, Q4_1 and
+dequantized to float32 on load and renamed to their HF names (Nemotron-H's own names and
+layouts: lanes.models.gguf_nemotron_h). With `packed`, Q4_0, Q4_1 and
 Q8_0 weights stay codes instead (lanes.packed's affine form, groups of 32): llama.cpp's blocks
 are already scale * code + bias per 32 inputs, so only the nibble order and the offsets change."""
 
@@ -14,12 +15,13 @@ import numpy as np
 import torch
 
 from lanes.config import ConfigError, ModelConfig
+from lanes.models import gguf_nemotron_h
 from lanes.models.checkpoint import Checkpoint
 from lanes.models.weights import WeightError
 from lanes.packed import PackedWeight
 from lanes.tokenizer import Tokenizer
 
-_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "nemotron_h": "nemotron_h"}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -45,13 +47,19 @@ _LAYER_NAMES = {
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """GGUF tensor name -> HF name; names lanes does not know pass through (and are reported)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+    if arch == gguf_nemotron_h.ARCH:
+        names = gguf_nemotron_h.GLOBAL_NAMES, gguf_nemotron_h.BLOCK_NAMES
+        prefix = gguf_nemotron_h.BLOCK_PREFIX
+    else:
+        names, prefix = (_GLOBAL_NAMES, _LAYER_NAMES), "model.layers"
+    global_names, block_names = names
+    if gguf_name in global_names:
+        return global_names[gguf_name]
     m = _BLOCK.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in block_names:
+        return f"{prefix}.{m.group(1)}.{block_names[m.group(2)]}"
     return gguf_name
 
 
@@ -102,18 +110,27 @@ def _open(path: Path, packed: bool) -> Checkpoint:
 
     reader = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    tensors = {hf_name(t.name): t for t in reader.tensors}
+    arch = fields.get("general.architecture")
+    nemotron_h = arch == gguf_nemotron_h.ARCH
+    tensors = {hf_name(t.name, arch): t for t in reader.tensors}
     if "rope_freqs.weight" in tensors:
         raise ConfigError("GGUF rope_freqs (llama3 rope scaling) is not supported; use an HF dir")
-    config = _config(fields, tensors)
-    # llama.cpp stores llama-arch q/k rows interleaved per head for its RoPE; HF's layout is
-    # rotate-half. Undo that permutation here so the decoder has one RoPE.
-    permuted = fields["general.architecture"] == "llama"
+    file_shapes = {name: tuple(int(d) for d in reversed(t.shape)) for name, t in tensors.items()}
+    if nemotron_h:
+        shapes = {n: gguf_nemotron_h.hf_shape(n, s) for n, s in file_shapes.items()}
+        config = ModelConfig.from_hf(gguf_nemotron_h.hf_config(fields, shapes))
+    else:
+        shapes = file_shapes
+        config = _config(fields, tensors)
+    # llama.cpp stores llama-arch q/k rows interleaved per head for its RoPE (and Nemotron-H's,
+    # whose converter is llama's); HF's layout is rotate-half. Undo that permutation here so
+    # the decoder has one RoPE.
+    permuted = arch in ("llama", gguf_nemotron_h.ARCH)
 
     def rows_in_hf_order(name: str, w: torch.Tensor) -> torch.Tensor:
-        if permuted and ".self_attn.q_proj." in name:
+        if permuted and name.endswith(".q_proj.weight"):
             return _unpermute(w, config.num_heads)
-        if permuted and ".self_attn.k_proj." in name:
+        if permuted and name.endswith(".k_proj.weight"):
             return _unpermute(w, config.num_kv_heads)
         return w
 
@@ -123,11 +140,16 @@ def _open(path: Path, packed: bool) -> Checkpoint:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
         except (NotImplementedError, ValueError) as e:
             raise WeightError(f"cannot dequantize tensor {name} ({t.tensor_type.name}): {e}") from e
-        return rows_in_hf_order(name, torch.from_numpy(np.array(data, dtype=np.float32)))
+        data = np.array(data, dtype=np.float32)
+        if nemotron_h:
+            data = gguf_nemotron_h.hf_layout(name, data)
+        return rows_in_hf_order(name, torch.from_numpy(data))
 
     def load_packed(name: str) -> PackedWeight | None:
         t = tensors[name]
         if t.tensor_type.name not in _AFFINE_BLOCKS or len(t.shape) != 2:
+            return None
+        if nemotron_h and shapes[name] != file_shapes[name]:  # reshaped back: not a linear
             return None
         try:
             codes, scales, biases, bits = affine_codes(np.asarray(t.data), t.tensor_type.name)
@@ -147,7 +169,7 @@ def _open(path: Path, packed: bool) -> Checkpoint:
     )
     return Checkpoint(
         config=config,
-        shapes={name: tuple(int(d) for d in reversed(t.shape)) for name, t in tensors.items()},
+        shapes=shapes,
         load=load,
         tokenizer=Tokenizer.from_gguf_fields(fields),
         source=str(path),
