@@ -22,4 +22,4 @@ lint: $(STAMP)
 
 # two workers, a test file each at a time (module fixtures built once); one torch thread each
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30

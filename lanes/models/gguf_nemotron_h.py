@@ -1,7 +1,7 @@
 """Nemotron-H in GGUF, as llama.cpp's converter writes it (architecture `nemotron_h`): tensor
-names back to the checkpoint's `backbone.*` names (tables gguf_file reads), the tensors the converter reshapes back
-to their checkpoint layout, and the block list and Mamba-2 shape from the metadata as an HF
-config dict (so one parser, lanes.config, checks every Nemotron-H config).
+names back to the checkpoint's `backbone.*` names (tables gguf_file reads), the tensors the
+converter reshapes back to their checkpoint layout, and the block list and Mamba-2 shape from
+the metadata as an HF config dict (so one parser, lanes.config, checks every Nemotron-H config).
 
 What the converter changes, undone here:
   ssm_a            A = -exp(A_log), [heads, 1]      -> A_log = log(-A), [heads]
