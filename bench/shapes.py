@@ -195,6 +195,45 @@ TINY_NEMOTRON_H = ModelConfig.from_hf({
     "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
     "hybrid_override_pattern": "M-M*-M-",
 })  # fmt: skip
+# GLM-4.5-Air-like: the published GLM-4.5-Air widths (hidden 4,096; 96 query heads over 8 of
+# 128 with half-width RoPE and qkv biases; a dense first layer of 10,944; 128 routed experts of
+# 1,408, 8 per token, one shared expert of 1,408; sigmoid routing with a correction bias, one
+# group) with 8 layers instead of 46, so its ~34 GB of bf16 weights fit one GPU
+_GLM45_AIR_FIELDS = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "vocab_size": 151552,
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "partial_rotary_factor": 0.5,
+    "attention_bias": True,
+    "use_qk_norm": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 131072,
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1408,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+    "eos_token_id": [],
+}
+GLM45_AIR_LIKE = ModelConfig.from_hf(_GLM45_AIR_FIELDS)
+# its layout at a tiny width: CPU dry runs
+TINY_GLM4_MOE = ModelConfig.from_hf({
+    **_GLM45_AIR_FIELDS, "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+    "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+})  # fmt: skip
 SHAPES = {
     "llama-3.1-8b": LLAMA_31_8B,
     "llama-3.2-1b": LLAMA_32_1B,
@@ -207,6 +246,8 @@ SHAPES = {
     "tiny-qwen3.5": TINY_QWEN35,
     "nemotron-h-8b-like": NEMOTRON_H_8B_LIKE,
     "tiny-nemotron-h": TINY_NEMOTRON_H,
+    "glm-4.5-air-like": GLM45_AIR_LIKE,
+    "tiny-glm4-moe": TINY_GLM4_MOE,
 }
 
 

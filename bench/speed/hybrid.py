@@ -31,8 +31,8 @@ from lanes.config import ModelConfig
 
 
 def hf_model(config: ModelConfig, device: str):
-    """transformers' Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM or Qwen3MoeForCausalLM of this
-    shape, random bf16 weights on the device."""
+    """transformers' model of this shape's family (Qwen3.5 dense or MoE, Qwen3-MoE, GLM-4 MoE,
+    Nemotron-H), random bf16 weights on the device."""
     import transformers
 
     if config.family == "nemotron_h":
@@ -50,6 +50,28 @@ def hf_model(config: ModelConfig, device: str):
             tie_word_embeddings=config.tie_word_embeddings,
         )
         return hf_random_model(transformers.NemotronHForCausalLM, hf_config, device)
+    if config.family == "glm4_moe":
+        hf_config = transformers.Glm4MoeConfig(
+            **hf_fields(config),
+            n_routed_experts=config.num_experts,
+            num_experts_per_tok=config.experts_per_token,
+            moe_intermediate_size=config.moe_intermediate_size,
+            n_shared_experts=config.shared_expert_intermediate_size // config.moe_intermediate_size,
+            first_k_dense_replace=min(config.moe_layers),
+            n_group=config.n_group,
+            topk_group=config.topk_group,
+            routed_scaling_factor=config.routed_scaling_factor,
+            norm_topk_prob=config.norm_topk_prob,
+            attention_bias=config.qkv_bias,
+            use_qk_norm=config.qk_norm,
+            tie_word_embeddings=config.tie_word_embeddings,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": config.rope_theta,
+                "partial_rotary_factor": config.rope_dim / config.head_dim,
+            },
+        )
+        return hf_random_model(transformers.Glm4MoeForCausalLM, hf_config, device)
     if config.family == "qwen3_moe":
         hf_config = transformers.Qwen3MoeConfig(
             **hf_fields(config),
