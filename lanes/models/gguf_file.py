@@ -128,9 +128,9 @@ def _open(path: Path, packed: bool) -> Checkpoint:
     permuted = arch in ("llama", gguf_nemotron_h.ARCH)
 
     def rows_in_hf_order(name: str, w: torch.Tensor) -> torch.Tensor:
-        if permuted and name.endswith(".q_proj.weight"):
+        if permuted and ".q_proj." in name:  # weights and any bias
             return _unpermute(w, config.num_heads)
-        if permuted and name.endswith(".k_proj.weight"):
+        if permuted and ".k_proj." in name:
             return _unpermute(w, config.num_kv_heads)
         return w
 
