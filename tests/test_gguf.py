@@ -54,6 +54,17 @@ def write_tokenizer(w, hf_dir, pad_to: int = 1) -> None:
     w.add_chat_template(CHATML)
 
 
+def add_tensor(w, name: str, a: np.ndarray, kind: str | None) -> None:
+    """One tensor into the writer: as float32, or quantized to llama.cpp's block type `kind`."""
+    import gguf
+
+    if kind is None:
+        w.add_tensor(name, np.ascontiguousarray(a))
+    else:
+        qtype = gguf.GGMLQuantizationType[kind]
+        w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype)
+
+
 def write_gguf(path, hf_dir, hf_model, quantize=None):
     """quantize: HF tensor name -> a llama.cpp block type name (Q4_0, Q4_1, Q8_0) or None."""
     import gguf
@@ -75,13 +86,7 @@ def write_gguf(path, hf_dir, hf_model, quantize=None):
             a = _permute_like_llama_cpp(a, cfg.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             a = _permute_like_llama_cpp(a, cfg.num_key_value_heads)
-        kind = quantize(name) if quantize is not None else None
-        if kind is None:
-            w.add_tensor(_gguf_name(name), np.ascontiguousarray(a))
-        else:
-            qtype = gguf.GGMLQuantizationType[kind]
-            blocks = gguf.quants.quantize(np.ascontiguousarray(a), qtype)
-            w.add_tensor(_gguf_name(name), blocks, raw_dtype=qtype)
+        add_tensor(w, _gguf_name(name), a, quantize(name) if quantize is not None else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -14,7 +14,7 @@ import torch
 from lanes import EngineConfig, build_engine
 from lanes.config import ConfigError
 from lanes.models import gguf_nemotron_h
-from tests.test_gguf import _permute_like_llama_cpp, write_tokenizer
+from tests.test_gguf import _permute_like_llama_cpp, add_tensor, write_tokenizer
 
 # the converter writes a context of 2**20 tokens for a model without RoPE: tests take less
 FLOATS = EngineConfig(max_model_len=512, gguf_packed=False)
@@ -70,14 +70,7 @@ def write_nemotron_h_gguf(path, hf_dir, hf_model, quantize=None, blocks=None):
             a = _permute_like_llama_cpp(a, cfg.num_key_value_heads)
         target = names.get_name(source, try_suffixes=(".weight", ".bias"))
         assert target is not None, name
-        kind = quantize(name) if quantize is not None else None
-        if kind is None:
-            w.add_tensor(target, np.ascontiguousarray(a))
-        else:
-            qtype = gguf.GGMLQuantizationType[kind]
-            w.add_tensor(
-                target, gguf.quants.quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype
-            )
+        add_tensor(w, target, a, quantize(name) if quantize is not None else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -30,6 +30,15 @@ from lanes import EngineConfig, build_engine
 from lanes.config import ModelConfig
 
 
+def partial_rope(config: ModelConfig) -> dict:
+    """transformers' rope_parameters for RoPE on the first rope_dim dims of each head."""
+    return {
+        "rope_type": "default",
+        "rope_theta": config.rope_theta,
+        "partial_rotary_factor": config.rope_dim / config.head_dim,
+    }
+
+
 def hf_model(config: ModelConfig, device: str):
     """transformers' model of this shape's family (Qwen3.5 dense or MoE, Qwen3-MoE, GLM-4 MoE,
     Nemotron-H), random bf16 weights on the device."""
@@ -65,11 +74,7 @@ def hf_model(config: ModelConfig, device: str):
             attention_bias=config.qkv_bias,
             use_qk_norm=config.qk_norm,
             tie_word_embeddings=config.tie_word_embeddings,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": config.rope_theta,
-                "partial_rotary_factor": config.rope_dim / config.head_dim,
-            },
+            rope_parameters=partial_rope(config),
         )
         return hf_random_model(transformers.Glm4MoeForCausalLM, hf_config, device)
     if config.family == "qwen3_moe":
@@ -94,11 +99,7 @@ def hf_model(config: ModelConfig, device: str):
         linear_value_head_dim=config.linear_value_head_dim,
         linear_conv_kernel_dim=config.linear_conv_kernel,
         tie_word_embeddings=config.tie_word_embeddings,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": config.rope_theta,
-            "partial_rotary_factor": config.rotary_dim / config.head_dim,
-        },
+        rope_parameters=partial_rope(config),
     )
     if config.family == "qwen3_5_moe":
         hf_config = transformers.Qwen3_5MoeTextConfig(

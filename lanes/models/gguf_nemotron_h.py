@@ -48,26 +48,30 @@ BLOCK_NAMES = {
 BLOCK_PREFIX = "backbone.layers"
 
 
+# the tensors the converter reshaped: their checkpoint shape from the file's (numpy order)
+_RESHAPED = {
+    ".mixer.A_log": lambda shape: (int(np.prod(shape)),),
+    ".mixer.D": lambda shape: (int(np.prod(shape)),),
+    ".mixer.norm.weight": lambda shape: (int(np.prod(shape)),),
+    ".mixer.conv1d.weight": lambda shape: (shape[0], 1, *shape[1:]),
+}
+
+
+def hf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The checkpoint's shape of a tensor the file holds in `shape` (numpy order)."""
+    for suffix, reshaped in _RESHAPED.items():
+        if name.endswith(suffix):
+            return reshaped(shape)
+    return shape
+
+
 def hf_layout(name: str, data: np.ndarray) -> np.ndarray:
     """A tensor as the file holds it (float32) -> as the checkpoint holds it."""
     if name.endswith(".mixer.A_log"):
         if (data >= 0).any():  # -exp(A_log) is negative; log of anything else is no weight
             raise ConfigError(f"{name}: ssm_a must be negative (A = -exp(A_log))")
-        return np.log(-data).reshape(-1)
-    if name.endswith((".mixer.D", ".mixer.norm.weight")):
-        return data.reshape(-1)
-    if name.endswith(".mixer.conv1d.weight"):
-        return data.reshape(data.shape[0], 1, -1)
-    return data
-
-
-def hf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The checkpoint's shape of a tensor the file holds in `shape` (numpy order)."""
-    if name.endswith((".mixer.A_log", ".mixer.D", ".mixer.norm.weight")):
-        return (int(np.prod(shape)),)
-    if name.endswith(".mixer.conv1d.weight") and len(shape) == 2:
-        return (shape[0], 1, shape[1])
-    return shape
+        data = np.log(-data)
+    return data.reshape(hf_shape(name, data.shape))
 
 
 def hf_config(fields: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
