@@ -54,6 +54,9 @@ class Delta:
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]]
     text: str
+    # per token: an accepted draft or not, and where its text ends in the output (lanes.draft_spans)
+    from_draft: list[bool] = field(default_factory=list)
+    text_ends: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class RequestHandle:
         self._events = events
         self.request_id = lane.request_id
         self.prompt_len = len(lane.prompt_ids)
+        self.prompt_ids = lane.prompt_ids
 
     async def next_event(self) -> Any:
         return await self._events.get()
@@ -358,6 +362,8 @@ class AsyncEngine:
             logprobs=lane.output_logprobs[t.sent_tokens : n],
             top_logprobs=top,
             text=text[t.sent_text : ready],
+            from_draft=lane.output_from_draft[t.sent_tokens : n],
+            text_ends=lane.output_text_ends[t.sent_tokens : n],
         )
         t.sent_tokens, t.sent_text = n, ready
         t.post(delta)

@@ -268,6 +268,7 @@ def record_verify(lane: Lane, num_drafts: int, num_accepted: int) -> None:
     lane.num_drafted += num_drafts
     lane.num_accepted += num_accepted
     lane.num_verify_steps += 1
+    lane.drafts_ahead = num_accepted  # the step's first kept tokens are its accepted drafts
     add_counts(lane.drafted_at, [1] * num_drafts)  # positions 0..k-1 were drafted
     add_counts(lane.accepted_at, [1] * num_accepted)
     if num_drafts:

@@ -49,6 +49,10 @@ class Lane:
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None  # engine clock at its first admission
     token_times: list[float] = field(default_factory=list)  # engine clock at each output token
+    # per output token: whether it was an accepted draft, and where its text ends in `text`
+    output_from_draft: list[bool] = field(default_factory=list)
+    output_text_ends: list[int] = field(default_factory=list)
+    drafts_ahead: int = 0  # of the tokens about to be appended, how many were accepted drafts
     num_drafted: int = 0  # draft tokens the target verified
     num_accepted: int = 0  # of them, kept
     num_verify_steps: int = 0  # target steps that checked drafts

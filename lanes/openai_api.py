@@ -71,6 +71,8 @@ class ParsedRequest:
     echo: bool = False  # completions: the prompt (and its logprobs) before each choice's text
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and N best
     generate: bool = True  # False: echo with max_tokens 0, the prompt alone
+    return_token_ids: bool = False  # vLLM's: choices carry token_ids, prompt_token_ids beside
+    return_draft_spans: bool = False  # lanes': choices carry draft_spans (lanes/draft_spans.py)
 
 
 def decode_body(raw: bytes) -> dict:
@@ -281,6 +283,8 @@ def parse_request(
         echo=echo,
         prompt_logprobs=prompt_logprobs,
         generate=generate,
+        return_token_ids=_get(body, "return_token_ids", bool, False),
+        return_draft_spans=_get(body, "return_draft_spans", bool, False),
     )
 
 

@@ -43,6 +43,9 @@ class Completion:
     num_target_steps: int = 0  # target forwards that yielded this request's tokens
     top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     error: str | None = None  # finish_reason "error": the exception's type (the log has the rest)
+    # per token: an accepted draft or not, and where its text ends in `text` (lanes.draft_spans)
+    from_draft: list[bool] = dataclasses.field(default_factory=list)
+    text_ends: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def ttft(self) -> float | None:
@@ -82,6 +85,9 @@ class Output:
             lane.finish_reason = "stop"
         elif lane.num_known >= self.scheduler.max_len(lane):
             lane.finish_reason = "length"
+        lane.output_from_draft.append(lane.drafts_ahead > 0)
+        lane.drafts_ahead = max(0, lane.drafts_ahead - 1)
+        lane.output_text_ends.append(len(lane.text))
 
     def end(self, lane: Lane, state: LaneState) -> Completion:
         self.mask_budget.forget(lane.request_id)
@@ -145,6 +151,8 @@ def completion_of(lane: Lane) -> Completion:
         num_drafted=lane.num_drafted,
         num_accepted=lane.num_accepted,
         num_target_steps=lane.num_sampling_steps,
+        from_draft=list(lane.output_from_draft),
+        text_ends=list(lane.output_text_ends),
         top_logprobs=list(lane.output_top_logprobs),
         error=lane.error,
     )

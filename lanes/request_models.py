@@ -50,6 +50,10 @@ class _Sampling(BaseModel):
     ignore_eos: bool | None = Field(None, description="lanes: generate past end-of-sequence")
     draft: bool | None = Field(None, description="lanes: false turns speculative decoding off")
     cache_salt: str | None = Field(None, description="prompt-cache entries shared per salt")
+    return_token_ids: bool | None = Field(None, description="vLLM's: each choice's token ids")
+    return_draft_spans: bool | None = Field(
+        None, description="lanes: the text in runs of accepted drafts and target tokens"
+    )
     user: str | None = None
     metadata: Json | None = None
     store: bool | None = None

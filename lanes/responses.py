@@ -27,6 +27,7 @@ from lanes.response_fields import (
     vllm_prompt_logprobs,
 )
 from lanes.server_metrics import finish_reason
+from lanes.token_fields import TokenFields
 
 log = logging.getLogger("lanes")
 
@@ -69,6 +70,8 @@ class RequestContext:
         self.object = "chat.completion" if chat else "text_completion"
         self._counted: set[int] = set()  # choices already in lanes_requests_total
         self._text_offsets: dict[int, int] = {}  # choice -> characters streamed so far
+        self.fields = TokenFields(parsed.return_token_ids, parsed.return_draft_spans)
+        self._pending: dict[int, dict] = {}  # choice -> fields for its next chunk
         # which build and weights answered (OpenAI's field; changes when either does)
         self.fingerprint = f"lanes-{__version__}-{fingerprint[:12]}"
 
@@ -185,6 +188,12 @@ class RequestContext:
             self._text_offsets[i] = start + sum(len(t) for t in out["tokens"])
         return out
 
+    def _prompt_ids(self, i: int) -> dict:
+        """vLLM's prompt_token_ids of a completions choice, where asked."""
+        if not self.parsed.return_token_ids:
+            return {}
+        return {"prompt_token_ids": list(self.handles[i].prompt_ids)}
+
     @staticmethod
     def _failure(event: Failed) -> ApiError:
         if isinstance(event.error, ShuttingDown):
@@ -236,13 +245,17 @@ class RequestContext:
             if self.chat:
                 message, reason = self._message(c)
                 choices.append(
-                    {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
-                )
+                    {"index": i, "message": message, "logprobs": lp, "finish_reason": reason,
+                     **self.fields.of_completion(c)}
+                )  # fmt: skip
             else:
                 text, reason = prompt_text + c.text, finish_reason(c)
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason,
-                                **self._extras(i)})  # fmt: skip
+                                **self._extras(i), **self._prompt_ids(i),
+                                **self.fields.of_completion(c)})  # fmt: skip
         body = self._body(choices, self._finish(completions))
+        if self.chat and self.parsed.return_token_ids:  # vLLM: the response's, for chat
+            body["prompt_token_ids"] = list(self.handles[0].prompt_ids)
         if self.chat and self.parsed.prompt_logprobs is not None:  # vLLM: the response's
             body["prompt_logprobs"] = self._extras(0)["prompt_logprobs"]
         return JSONResponse(body)
@@ -307,7 +320,9 @@ class RequestContext:
         for h in self.handles:
             h.cancel()
 
-    def _chunk(self, choices: list, usage_: dict | None = None) -> str:
+    def _chunk(self, choices: list, usage_: dict | None = None, top: dict | None = None) -> str:
+        """An SSE chunk of these choices (each with the fields pending for it), `top` fields
+        beside them."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         body = {
             "id": self.id,
@@ -315,10 +330,12 @@ class RequestContext:
             "created": self.created,
             "model": self.model,
             "system_fingerprint": self.fingerprint,
-            "choices": choices,
+            "choices": [c | self._pending.pop(c["index"], {}) for c in choices],
         }
         if usage_ is not None:
             body["usage"] = usage_
+        if top:
+            body |= top
         return f"data: {json.dumps(body)}\n\n"
 
     def _last_chunk(self, i: int, reason: str) -> str:
@@ -328,8 +345,11 @@ class RequestContext:
 
     async def sse(self) -> AsyncIterator[str]:
         completions: dict[int, object] = {}
+        if self.parsed.return_token_ids and not self.chat:  # vLLM: in each choice's first chunk
+            for i in range(len(self.handles)):
+                self._pending[i] = self._prompt_ids(i)
         if self.chat:
-            yield self._chunk(
+            first = self._chunk(
                 [
                     {
                         "index": i,
@@ -338,8 +358,12 @@ class RequestContext:
                         "finish_reason": None,
                     }
                     for i in range(len(self.handles))
-                ]
+                ],
+                top={"prompt_token_ids": list(self.handles[0].prompt_ids)}
+                if self.parsed.return_token_ids
+                else None,
             )
+            yield first
         elif self.parsed.echo or self.parsed.prompt_logprobs is not None:
             for i in range(len(self.handles)):  # the prompt first, as vLLM streams it
                 text, lp = self._echo(i) if self.parsed.echo else ("", None)
@@ -352,6 +376,8 @@ class RequestContext:
             thinking = {i: ReasoningStream(self.reasoning_inside) for i in range(len(self.handles))}
         async for i, event in self._events():
             if isinstance(event, Delta):
+                if self.fields.asked:
+                    self._pending[i] = self._pending.get(i, {}) | self.fields.of_delta(i, event)
                 lp = None
                 if not streams:
                     lp = self._logprobs(
@@ -365,6 +391,9 @@ class RequestContext:
                 reasoning, content = thinking[i].feed(event.text) if thinking else ("", event.text)
                 for chunk in self._chat_deltas(i, reasoning, content, lp, streams, bool(thinking)):
                     yield chunk
+                if i in self._pending:  # the piece made no chunk of its own: its fields alone
+                    yield self._chunk([{"index": i, "delta": {}, "logprobs": None,
+                                        "finish_reason": None}])  # fmt: skip
             elif isinstance(event, Finished):
                 completions[i] = event.completion
                 reason = finish_reason(event.completion)

@@ -331,6 +331,47 @@ def check_prompt_logprobs(c, ac):
         complete(c, extra_body={"prompt_logprobs": 21})
 
 
+def check_return_token_ids(c, ac):
+    out = complete(
+        c, prompt=[5, 6, 7], temperature=0, extra_body={"return_token_ids": True, **FREE}
+    )
+    (choice,) = out.model_dump()["choices"]
+    assert choice["prompt_token_ids"] == [5, 6, 7]
+    assert len(choice["token_ids"]) == out.usage.completion_tokens == 8
+    body = {"return_token_ids": True, **FREE}
+    chunks = [x.model_dump() for x in complete(c, prompt=[5, 6, 7], temperature=0, stream=True,
+                                               extra_body=body)]  # fmt: skip
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == [5, 6, 7]
+    assert sum((x["choices"][0].get("token_ids", []) for x in chunks), []) == choice["token_ids"]
+    whole = chat(c, temperature=0, extra_body=body).model_dump()
+    streamed = [x.model_dump() for x in chat(c, temperature=0, stream=True, extra_body=body)]
+    assert whole["prompt_token_ids"] == streamed[0]["prompt_token_ids"]
+    ids = sum((x["choices"][0].get("token_ids", []) for x in streamed if x["choices"]), [])
+    assert ids == whole["choices"][0]["token_ids"] and len(ids) == 8
+    assert "token_ids" not in chat(c, temperature=0).model_dump()["choices"][0]
+
+
+def check_return_draft_spans(c, ac):
+    body = {"return_draft_spans": True, **FREE}
+    out = complete(c, temperature=0, max_tokens=30, extra_body=body)
+    spans = out.model_dump()["choices"][0]["draft_spans"]
+    assert "".join(text for text, _ in spans) == out.choices[0].text
+    assert any(drafted for _, drafted in spans) and not all(drafted for _, drafted in spans)
+    assert out.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    plain = complete(c, temperature=0, max_tokens=30, extra_body={"draft": False, **body})
+    assert [t for t, _ in plain.model_dump()["choices"][0]["draft_spans"]] == [
+        plain.choices[0].text
+    ]
+    assert not plain.model_dump()["choices"][0]["draft_spans"][0][1]  # nothing from drafts
+    # chunk by chunk: each chunk's runs cover its text (which drafts were kept can differ
+    # from the request above: the replayed drafts are right at random)
+    chunks = [x.model_dump()["choices"][0]
+              for x in complete(c, temperature=0, max_tokens=30, stream=True, extra_body=body)]  # fmt: skip
+    assert all("".join(t for t, _ in x.get("draft_spans", [])) == x["text"] for x in chunks)
+    assert "".join(x["text"] for x in chunks) == out.choices[0].text
+    assert any(d for x in chunks for _, d in x.get("draft_spans", []))
+
+
 CHECKS = {name.removeprefix("check_").replace("stream_options_include_usage",
           "stream_options.include_usage"): f
           for name, f in dict(globals()).items() if name.startswith("check_")}  # fmt: skip
