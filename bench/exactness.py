@@ -20,6 +20,7 @@ and writes bench/results/exactness-<shape>-<device>.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import random
@@ -229,7 +230,8 @@ def main() -> None:
             report["modes"][mode] = results
             out.write_text(json.dumps(report, indent=2) + "\n")  # partial results survive a timeout
         del engine
-        if args.device == "cuda":
+        gc.collect()  # the engine's cycles too: the next mode builds its own (an 8B shape's
+        if args.device == "cuda":  # second engine ran out of memory on an H100 without it)
             torch.cuda.empty_cache()
 
 
