@@ -26,6 +26,7 @@ from lanes.async_engine import (
     ShuttingDown,
 )
 from lanes.chat import takes_tools
+from lanes.console_routes import console_routes
 from lanes.engine import Engine
 from lanes.openai_api import (
     ApiError,
@@ -384,6 +385,7 @@ def build_app(
             Route("/health", health, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/debug/kv", debug_kv, methods=["GET"]),
+            *console_routes(runner, check_key, read_json, metrics),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

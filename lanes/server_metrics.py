@@ -12,6 +12,8 @@ position); for hybrid models, the recurrent-state slots and snapshots (`lanes_st
 
 from __future__ import annotations
 
+from collections import deque
+
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -25,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from lanes.metrics import ROUND_TOKEN_BUCKETS
 
+RECENT_LATENCIES = 200  # finished requests whose latencies the console can chart
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _LENGTH_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -160,6 +163,9 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # the latest finished requests' latencies, oldest first (the console's chart)
+        self.recent_latencies: deque[dict] = deque(maxlen=RECENT_LATENCIES)
+        self.num_observed = 0
         self.gauges = {
             name: Gauge(f"lanes_{name}", doc, registry=r)
             for name, doc in {
@@ -241,6 +247,15 @@ class ServerMetrics:
         for a, b in zip(times, times[1:], strict=False):
             self.itl.observe(b - a)
         self._observe_vllm(prompt_len, completion)
+        itl = [b - a for a, b in zip(times, times[1:], strict=False)]
+        self.num_observed += 1
+        self.recent_latencies.append({
+            "request": self.num_observed,
+            "ttft": completion.ttft,
+            "mean_itl": sum(itl) / len(itl) if itl else None,
+            "max_itl": max(itl) if itl else None,
+            "tokens": len(completion.token_ids),
+        })  # fmt: skip
 
     def _observe_vllm(self, prompt_len: int, c) -> None:
         m, v = self.model_name, self.vllm

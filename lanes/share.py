@@ -83,6 +83,15 @@ class ShareAllocator:
         self.last_share: float | None = None
         self._dither = random.Random(0)  # own generator: planning never touches global RNG state
 
+    def set_share(self, share: float) -> float:
+        """A new target share for the rounds planned from now on (the console's control); the
+        previous one. Which round a prompt chunk lands in changes, never a token: every row's
+        bits are the same whatever else shares its forward."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"prefill share must be in [0, 1], got {share}")
+        previous, self.share = self.share, share
+        return previous
+
     def prefill_budget(self, decode_tokens: int, prompts_waiting: bool) -> int:
         room = self.max_tokens - decode_tokens
         if not prompts_waiting or room <= 0:
