@@ -349,7 +349,7 @@ class RequestContext:
             for i in range(len(self.handles)):
                 self._pending[i] = self._prompt_ids(i)
         if self.chat:
-            first = self._chunk(
+            yield self._chunk(
                 [
                     {
                         "index": i,
@@ -363,7 +363,6 @@ class RequestContext:
                 if self.parsed.return_token_ids
                 else None,
             )
-            yield first
         elif self.parsed.echo or self.parsed.prompt_logprobs is not None:
             for i in range(len(self.handles)):  # the prompt first, as vLLM streams it
                 text, lp = self._echo(i) if self.parsed.echo else ("", None)

@@ -244,10 +244,10 @@ class ServerMetrics:
         if completion.ttft is not None:
             self.ttft.observe(completion.ttft)
         times = completion.token_times
-        for a, b in zip(times, times[1:], strict=False):
-            self.itl.observe(b - a)
-        self._observe_vllm(prompt_len, completion)
         itl = [b - a for a, b in zip(times, times[1:], strict=False)]
+        for gap in itl:
+            self.itl.observe(gap)
+        self._observe_vllm(prompt_len, completion)
         self.num_observed += 1
         self.recent_latencies.append({
             "request": self.num_observed,
