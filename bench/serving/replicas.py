@@ -96,6 +96,17 @@ def _stream(url: str, messages: list[dict], new_tokens: int) -> tuple[str, float
     return "".join(text), first or time.perf_counter() - start
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def run_setting(args, n: int, policy: str, router: str) -> dict:
     procs, workers = [], []
     try:
@@ -146,6 +157,9 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
             chat.append({"role": "assistant", "content": answer})
             return first
 
+        # CPU time of each process over the timed part: on a machine with as many cores as
+        # replicas, what the router and the client take is taken from the replicas
+        cpu_before = [_cpu_seconds(p.pid) for p in procs] + [_own_cpu_seconds()]
         start = time.perf_counter()
         for turn in range(args.turns):
             if args.concurrent:  # every conversation's turn at once
@@ -154,6 +168,8 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
             else:
                 ttft += [take_turn(c, turn) for c in range(len(chats))]
         seconds = time.perf_counter() - start
+        cpu_after = [_cpu_seconds(p.pid) for p in procs] + [_own_cpu_seconds()]
+        cpu = [round(b - a, 2) for a, b in zip(cpu_before, cpu_after, strict=True)]
         metrics = [_get(w + "/metrics") for w in workers]
         generated = sum(_counter(m, "lanes_generation_tokens") for m in metrics)
         prompt = sum(_counter(m, "lanes_prompt_tokens") for m in metrics)
@@ -169,6 +185,9 @@ def run_setting(args, n: int, policy: str, router: str) -> dict:
             "ttft_p90_ms": round(ttft[int(0.9 * (len(ttft) - 1))] * 1e3, 1),
             "seconds": round(seconds, 2),
             "output_tok_s": round(generated / seconds, 1),
+            # CPU seconds over the timed part: replicas (the taskset wrapper execs the server),
+            # the router, and this client
+            "cpu_seconds": {"replicas": cpu[:n], "router": cpu[n], "client": cpu[n + 1]},
             "texts": [[m["content"] for m in chat if m["role"] == "assistant"] for chat in chats],
         }
     finally:
