@@ -89,7 +89,7 @@ def console_routes(runner, check_key: Callable, read_json: Callable, metrics) ->
         try:
             check_key(request)
             after = request.query_params.get("after", "0")
-            if not after.isdigit() or len(after) > 18:
+            if not (after.isascii() and after.isdigit()) or len(after) > 18:
                 raise ApiError("'after' must be a round index (a non-negative integer)", "after")
             out = await runner.call(lambda e: rounds_after(e, int(after)))
         except ApiError as e:

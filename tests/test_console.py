@@ -99,8 +99,9 @@ def test_rounds_come_in_order_and_after_an_index(server):
     assert report["latencies"][-1]["tokens"] == 4
     status, body, _ = get(server, f"/v1/lanes/rounds?after={report['next']}")
     assert json.loads(body)["rounds"] == []
-    status, body, _ = get(server, "/v1/lanes/rounds?after=-1")
-    assert status == 400 and openai_error(body)["param"] == "after"
+    for bad in ("-1", "%C2%B2", "x"):  # "²" is a digit to Python, not an index
+        status, body, _ = get(server, f"/v1/lanes/rounds?after={bad}")
+        assert status == 400 and openai_error(body)["param"] == "after", bad
 
 
 def test_the_share_changes_for_the_next_rounds_and_outputs_stay_identical(server):
