@@ -96,8 +96,11 @@ class RequestHandle:
         self._owner = owner
         self._events = events
         self.request_id = lane.request_id
-        self.prompt_len = len(lane.prompt_ids)
         self.prompt_ids = lane.prompt_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
 
     async def next_event(self) -> Any:
         return await self._events.get()
