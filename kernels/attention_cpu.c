@@ -18,7 +18,7 @@
 #define MAX_HEAD_DIM 256 /* head_dim: a multiple of 16 up to this */
 
 static inline float dot(const float *a, const float *b, int d) {
-    f32x16 acc = (f32x16){0};
+    f32x16 acc = zero16();
     for (int i = 0; i < d; i += 16) acc = fma16(load16(a + i), load16(b + i), acc);
     return fixed_tree_sum(acc);
 }
@@ -48,17 +48,17 @@ int lanes_attention(const float *q, int64_t num_queries, int64_t heads, int64_t 
                 top = s[j] > top ? s[j] : top;
             }
             f32x16 acc[MAX_HEAD_DIM / 16];
-            for (int c = 0; c < d / 16; c++) acc[c] = (f32x16){0};
+            for (int c = 0; c < d / 16; c++) acc[c] = zero16();
             float denom = 0.0f;
             for (int64_t j = 0; j < visible; j++) {
                 const float p = expf(s[j] - top);
-                const f32x16 pv = (f32x16){0} + p;
+                const f32x16 pv = splat16(p);
                 const float *vj = v_cache + kv_slots[j] * row + kvh * d;
                 denom += p;
                 for (int c = 0; c < d / 16; c++) acc[c] = fma16(pv, load16(vj + 16 * c), acc[c]);
             }
-            const f32x16 inv = (f32x16){0} + 1.0f / denom;
-            for (int c = 0; c < d / 16; c++) store16(out + pair * d + 16 * c, acc[c] * inv);
+            const f32x16 inv = splat16(1.0f / denom);
+            for (int c = 0; c < d / 16; c++) store16(out + pair * d + 16 * c, mul16(acc[c], inv));
         }
         free(s);
     }

@@ -11,7 +11,7 @@
  * Rows share a dequantized weight vector ROWS at a time (prefill and verify read the codes once
  * per ROWS rows); that changes which rows are computed together, never a row's operations.
  *
- * Portable C (vector_cpu.h) with an AVX-512 path for the 4-bit lookup. Built at first use by
+ * Portable C (vector_cpu.h) with AVX-512 and AVX2 paths for the codes' unpacking. Built at first use by
  * kernels/native.py; threads come from OpenMP where the compiler has it.
  */
 #include <math.h>
@@ -47,6 +47,18 @@ static inline void dequantize_chunk(const uint8_t *p, int bits, f32x16 scale, f3
         *w0 = fma16((f32x16)_mm512_cvtepi32_ps(a), scale, bias);
         *w1 = fma16((f32x16)_mm512_cvtepi32_ps(b), scale, bias);
     }
+#elif defined(LANES_VECTOR_AVX2)
+    (void)table; /* eight codes widened to eight floats at a time, then scale * code + bias */
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(15);
+    const __m128i q0 = bits == 4 ? _mm_and_si128(raw, nibble) : raw;
+    const __m128i q1 = bits == 4 ? _mm_and_si128(_mm_srli_epi16(raw, 4), nibble)
+                                 : _mm_loadu_si128((const __m128i *)(p + 16));
+    const f32x16 lo = {{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8)))}};
+    const f32x16 hi = {{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8)))}};
+    *w0 = fma16(lo, scale, bias);
+    *w1 = fma16(hi, scale, bias);
 #else
     (void)table;
     f32x16 lo, hi;
@@ -71,10 +83,11 @@ static inline __attribute__((always_inline)) void tile(
     const float *xs, int64_t x_stride, const int rows, const int cols, int64_t k, int bits,
     int64_t group, const uint8_t *codes, int64_t code_stride, const float *scales,
     const float *biases, int64_t groups, int valid_cols, float *out, int64_t out_stride) {
-    const f32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    static const float counting[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const f32x16 iota = load16(counting);
     f32x16 acc[ROWS][COLS][2];
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) acc[r][c][0] = acc[r][c][1] = (f32x16){0};
+        for (int c = 0; c < cols; c++) acc[r][c][0] = acc[r][c][1] = zero16();
     int64_t col[COLS];
     for (int c = 0; c < cols; c++) col[c] = c < valid_cols ? c : valid_cols - 1;
     const int64_t per_group = group / 32;
@@ -82,8 +95,8 @@ static inline __attribute__((always_inline)) void tile(
     for (int64_t i = 0; i < k; i += 32) {
         f32x16 w0[COLS], w1[COLS];
         for (int c = 0; c < cols; c++) {
-            const f32x16 scale = (f32x16){0} + (bits == 32 ? 1.0f : scales[col[c] * groups + g]);
-            const f32x16 bias = (f32x16){0} + (bits == 32 ? 0.0f : biases[col[c] * groups + g]);
+            const f32x16 scale = splat16(bits == 32 ? 1.0f : scales[col[c] * groups + g]);
+            const f32x16 bias = splat16(bits == 32 ? 0.0f : biases[col[c] * groups + g]);
             dequantize_chunk(codes + col[c] * code_stride + i * bits / 8, bits, scale, bias,
                              fma16(iota, scale, bias), &w0[c], &w1[c]);
         }
@@ -99,7 +112,7 @@ static inline __attribute__((always_inline)) void tile(
     }
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols && c < valid_cols; c++)
-            out[r * out_stride + c] = fixed_tree_sum(acc[r][c][0] + acc[r][c][1]);
+            out[r * out_stride + c] = fixed_tree_sum(add16(acc[r][c][0], acc[r][c][1]));
 }
 
 #define TILE(R, C)                                                                               \

@@ -21,17 +21,17 @@ int lanes_rms_norm(const float *x, const float *residual, int64_t rows, int64_t 
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *sr = summed ? summed + r * dim : out + r * dim;
-        f32x16 squares = (f32x16){0};
+        f32x16 squares = zero16();
         for (int64_t i = 0; i < dim; i += 16) {
             f32x16 s = load16(xr + i);
-            if (residual) s = load16(residual + r * dim + i) + s;
+            if (residual) s = add16(load16(residual + r * dim + i), s);
             store16(sr + i, s);
             squares = fma16(s, s, squares);
         }
         const float scale = 1.0f / sqrtf(fixed_tree_sum(squares) / (float)dim + eps);
-        const f32x16 scale16 = (f32x16){0} + scale;
+        const f32x16 scale16 = splat16(scale);
         for (int64_t i = 0; i < dim; i += 16)
-            store16(out + r * dim + i, load16(weight + i) * (load16(sr + i) * scale16));
+            store16(out + r * dim + i, mul16(load16(weight + i), mul16(load16(sr + i), scale16)));
     }
     return 0;
 }

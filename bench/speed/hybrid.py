@@ -15,6 +15,7 @@ the same shape): the comparison is of speed, not of outputs.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import statistics
@@ -195,9 +196,13 @@ def main() -> None:
         }
         print(json.dumps(report, indent=1), flush=True)
         del engine
+        gc.collect()  # the engine's cycles hold its weights and caches until collected
         if args.device == "cuda":
             torch.cuda.empty_cache()
     del checkpoint
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
     if not args.skip_hf:
         model = hf_model(config, args.device)
         tok_s, forward_s = hf_speeds(
