@@ -392,6 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched.add_argument("--prefill-share", type=float, default=0.5)
     sched.add_argument(
+        "--prefill-bursts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when as many requests wait for a first token as decode, compute those prompts "
+        "first whatever --prefill-share (default on)",
+    )
+    sched.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=None,

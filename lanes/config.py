@@ -332,6 +332,9 @@ class EngineConfig:
     max_tokens_per_round: int = 2048
     prefill_chunk: int = 256  # tokens per host-managed prefill forward; a multiple of block_size
     prefill_share: float = 0.5  # share of wall time for prompt work when decode also waits
+    # requests arriving together (as many waiting for a first token as decoding) are computed
+    # first, whatever the share (lanes/prompt_burst.py)
+    prefill_bursts: bool = True
     prompt_cache_bytes: int = 256 * 2**20  # at most this much KV is kept for prefix reuse
     # hybrid models: recurrent-state snapshots kept beside it (cache/state_snapshots.py)
     state_snapshot_bytes: int = 256 * 2**20

@@ -22,6 +22,7 @@ from lanes.lane import Lane, LaneState
 from lanes.launched_chunks import LaunchedChunks
 from lanes.mask_budget import MaskBudget
 from lanes.metrics import EngineMetrics
+from lanes.prompt_burst import PromptBurst
 from lanes.recurrent import RecurrentStates
 from lanes.rounds import LaneRound, plan_round
 from lanes.share import ShareAllocator
@@ -50,6 +51,7 @@ class Scheduler:
         self.proposer = proposer
         self.metrics = metrics
         self.clock = clock
+        self.burst = PromptBurst(config.prefill_bursts)
         # the last length a lane can reach: within the context and the KV pool
         self.len_cap = min(context_len, cache.pool.num_blocks * config.block_size)
         self.waiting: list[Lane] = []
@@ -129,10 +131,13 @@ class Scheduler:
         cfg = self.config
         while True:
             num_decode = sum(lane.state is LaneState.DECODE for lane in self.running)
-            filling = any(lane.state is LaneState.FILL for lane in self.running)
+            filling = [lane.request_id for lane in self.running if lane.state is LaneState.FILL]
+            burst = self.burst.active(
+                {*filling, *(lane.request_id for lane in self.waiting)}, num_decode
+            )
             plan = plan_round(
                 self.mask_budget.runnable(self.running),  # costly grammars rest (mask_budget)
-                self.share.prefill_budget(num_decode, filling),
+                self.share.prefill_budget(num_decode, bool(filling), whole_round=burst),
                 cfg.prefill_chunk,
                 cfg.block_size,
                 lambda lane, n=num_decode: num_drafts(lane, n),

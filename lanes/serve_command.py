@@ -55,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         num_draft_tokens=num_drafts,
         draft_branches=args.draft_branches,
         prefill_share=args.prefill_share,
+        prefill_bursts=args.prefill_bursts,
         max_lanes=args.max_lanes,
         max_tokens_per_round=(
             EngineConfig.max_tokens_per_round

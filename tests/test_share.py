@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 from lanes import EngineConfig, SamplingParams, build_engine
+from lanes.prompt_burst import PromptBurst
 from lanes.share import ShareAllocator
 
 # (overhead, per prefill token, per decode token) in seconds; every target reachable with the
@@ -55,11 +56,13 @@ class FakeClock:
         return self.now
 
 
-def _engine_with_fake_time(llama_dir, share):
+def _engine_with_fake_time(llama_dir, share, bursts=True):
     clock = FakeClock()
     engine = build_engine(
         str(llama_dir),
-        EngineConfig(prefill_share=share, prefill_chunk=32, max_tokens_per_round=512),
+        EngineConfig(
+            prefill_share=share, prefill_chunk=32, max_tokens_per_round=512, prefill_bursts=bursts
+        ),
         clock=clock,
     )
     real = engine.runner.execute
@@ -73,10 +76,10 @@ def _engine_with_fake_time(llama_dir, share):
     return engine
 
 
-def _ttft_and_itl(llama_dir, share):
+def _ttft_and_itl(llama_dir, share, bursts=True):
     """Four lanes decode; a 200-token prompt arrives. Its TTFT, and the decode lanes' mean
     inter-token latency while it was being filled."""
-    engine = _engine_with_fake_time(llama_dir, share)
+    engine = _engine_with_fake_time(llama_dir, share, bursts)
     decoders = [
         engine.add_request([5 + i, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True))
         for i in range(4)
@@ -102,3 +105,55 @@ def test_higher_share_lowers_ttft_and_raises_itl(llama_dir):
     ttft_high, itl_high = _ttft_and_itl(llama_dir, 0.9)
     assert ttft_high < ttft_low
     assert itl_high > itl_low
+
+
+def test_whole_round_ignores_the_share():
+    alloc = ShareAllocator(0.1, min_prefill=16, max_tokens=512)
+    assert alloc.prefill_budget(decode_tokens=8, prompts_waiting=True, whole_round=True) == 504
+    assert alloc.prefill_budget(decode_tokens=8, prompts_waiting=False, whole_round=True) == 0
+
+
+def test_a_burst_lasts_until_its_prompts_are_computed():
+    burst = PromptBurst()
+    assert burst.active({1, 2, 3}, num_decode=0)
+    assert burst.active({2, 3}, num_decode=1)  # 1 decodes now; 2 and 3 still wait
+    assert burst.active({3, 4, 5, 6}, num_decode=2)  # 4-6 arrived meanwhile: not members
+    assert burst.active({4, 5, 6}, num_decode=3)  # 3 is done; 4-6 are a burst of their own
+    assert not burst.active(set(), num_decode=6)
+
+
+def test_one_prompt_among_decoding_lanes_is_no_burst():
+    burst = PromptBurst()
+    assert not burst.active({9}, num_decode=4)
+    assert burst.active({9, 10, 11, 12}, num_decode=4)  # as many waiting as decoding
+    assert not PromptBurst(enabled=False).active({1, 2, 3}, num_decode=1)
+
+
+def _arrive_together(llama_dir, share, bursts, n=8, prompt_len=200):
+    """n requests arrive at once: (their mean TTFT, the fake seconds until all are done,
+    their token ids)."""
+    engine = _engine_with_fake_time(llama_dir, share, bursts)
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    ids = [engine.add_request(list(range(3 + i, 3 + i + prompt_len)), params) for i in range(n)]
+    lanes = {lane.request_id: lane for lane in engine.running + engine.waiting}
+    done = {}
+    while engine.has_work():
+        done.update((c.request_id, c.token_ids) for c in engine.step())
+    ttft = statistics.mean(lanes[i].token_times[0] - lanes[i].arrival_time for i in ids)
+    return ttft, engine.clock(), [done[i] for i in ids]
+
+
+def test_requests_arriving_together_are_computed_first(llama_dir):
+    """At a low share, a burst runs like share 1.0 (the negative control: without bursts the
+    share spreads the prompts over mixed rounds, and every first token comes later)."""
+    ttft_on, total_on, tokens_on = _arrive_together(llama_dir, 0.1, bursts=True)
+    ttft_off, total_off, tokens_off = _arrive_together(llama_dir, 0.1, bursts=False)
+    ttft_full, total_full, tokens_full = _arrive_together(llama_dir, 1.0, bursts=False)
+    assert tokens_on == tokens_off == tokens_full  # where a chunk lands changes no token
+    assert ttft_on == pytest.approx(ttft_full) and total_on == pytest.approx(total_full)
+    assert ttft_off > 1.15 * ttft_on
+
+
+def test_a_long_prompt_among_decoders_keeps_the_share(llama_dir):
+    """Bursts leave the case the share is for alone: one prompt among four decoding lanes."""
+    assert _ttft_and_itl(llama_dir, 0.1) == _ttft_and_itl(llama_dir, 0.1, bursts=False)

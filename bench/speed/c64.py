@@ -4,7 +4,8 @@ own round records (lanes.metrics.RoundRecord) into prompt rounds, mixed rounds, 
 rounds and overlapped decode rounds, with their wall and host seconds, so runs of the same
 workload that differ in speed can be told apart.
 
-    python -m bench.speed.c64 [--runs 4] [--seeded-runs 1] [--out FILE]
+    python -m bench.speed.c64 [--runs 4] [--seeded-runs 1] [--prefill-share S]
+        [--no-prefill-bursts] [--out FILE]
 
 Random bf16 weights of the Llama-3.1-8B shape, exact mode, CUDA graphs, the engine settings of
 bench_engine (48 GiB of KV, 8,192 tokens per round, 512-token prefill chunks).
@@ -45,7 +46,7 @@ def split_rounds(records) -> dict:
     return kinds
 
 
-def c64_engine(prefill_share: float = EngineConfig.prefill_share):
+def c64_engine(prefill_share: float = EngineConfig.prefill_share, bursts: bool = True):
     """The c64 engine: random bf16 weights of the Llama-3.1-8B shape on the GPU, bench_engine's
     settings (48 GiB of KV, 8,192 tokens per round, 512-token prefill chunks)."""
     shape = LLAMA_31_8B
@@ -58,6 +59,7 @@ def c64_engine(prefill_share: float = EngineConfig.prefill_share):
         max_tokens_per_round=8192,
         prefill_chunk=512,
         prefill_share=prefill_share,
+        prefill_bursts=bursts,
     )
     return build_engine(checkpoint=ckpt, config=config)
 
@@ -85,10 +87,13 @@ def main() -> None:
     ap.add_argument("--seeded-runs", type=int, default=1)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--prefill-share", type=float, default=EngineConfig.prefill_share)
+    ap.add_argument(
+        "--prefill-bursts", action=argparse.BooleanOptionalAction, default=True
+    )  # lanes/prompt_burst.py
     ap.add_argument("--out", default="bench/results/c64-rounds-h200.json")
     args = ap.parse_args()
     shape = LLAMA_31_8B
-    engine = c64_engine(args.prefill_share)
+    engine = c64_engine(args.prefill_share, args.prefill_bursts)
     greedy = SamplingParams(max_tokens=args.new, ignore_eos=True)
     seeded = dataclasses.replace(greedy, temperature=0.7, top_p=0.9, seed=5)
     engine.generate(
@@ -96,7 +101,12 @@ def main() -> None:
         greedy,
         cache_salt="warm",
     )
-    report = {"gpu": torch.cuda.get_device_name(), "prefill_share": args.prefill_share, "runs": []}
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "prefill_share": args.prefill_share,
+        "prefill_bursts": args.prefill_bursts,
+        "runs": [],
+    }
     plan = [("greedy", greedy)] * args.runs + [("seeded", seeded)] * args.seeded_runs
     for i, (label, params) in enumerate(plan):
         prompts = [synthetic_prompt(shape.vocab_size, 512, 6000 + 64 * i + j) for j in range(64)]
