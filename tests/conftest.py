@@ -286,3 +286,14 @@ def long_model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("long") / "llama"
     write_tiny_model(path, "llama", max_position_embeddings=4096)
     return path
+
+
+@pytest.fixture(scope="module")
+def long_model_server(long_model_dir):
+    """A live server on that model (tests/test_server.py, test_server_outputs.py)."""
+    from lanes import EngineConfig, build_engine
+    from tests.live_server import LiveServer
+
+    engine = build_engine(str(long_model_dir), EngineConfig(prefill_chunk=16, max_lanes=32))
+    with LiveServer(engine, report_cached_tokens=True) as live:
+        yield live
