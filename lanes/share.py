@@ -11,8 +11,11 @@ A cost model of round wall time, fitted online from measured rounds,
     P = share * (overhead + per_decode * D) / (per_prefill * (1 - share))
 
 With only prompts waiting a round takes the whole token budget; with only decode, none. Decode
-lanes advance every round and a waiting prompt always gets at least `min_prefill` tokens, so
-neither kind starves.
+lanes advance every round. Prompt work comes in whole blocks (`min_prefill` tokens): where the
+share asks for less than a block per round — prompt tokens dear beside few decode rows, as on
+the CPU — the rounds owe it, and a round takes a block once the owed tokens reach one (rounds
+between take none; they count in the achieved share), so the share holds there too. A waiting
+prompt gets a block at least every MAX_SKIP rounds, so neither kind starves.
 
 The budget is dithered by up to ±DITHER around its target: without it P would be a fixed function
 of D, and the fit could not tell the per-prefill cost from the per-decode cost and overhead.
@@ -31,6 +34,7 @@ _PRIOR_WEIGHT = 1e-2  # ridge pull towards the prior, so the fit is always defin
 _MIN_ROUNDS = 8  # fewer measured rounds than this: keep the prior (one point fits anything)
 _SHARE_WINDOW = 100  # the reported share covers this many recent mixed rounds
 DITHER = 0.3
+MAX_SKIP = 8  # rounds at most between a waiting prompt's blocks while lanes decode
 
 
 class CostModel:
@@ -57,13 +61,29 @@ class CostModel:
         self._stale = False
         data = np.array(self._rows)
         x, y = data[:, :3], data[:, 3]
+        floor = _PRIOR * 1e-3  # costs are positive
+        # Costs that come out below the floor are held there and the others refitted without
+        # them (clamping after the solve left the rest fitted to a negative one: on the CPU a
+        # slow first prompt round made the overhead negative, and decode rounds were then
+        # predicted at 4x their time).
+        held = np.zeros(3, dtype=bool)
+        for _ in range(3):
+            free = ~held
+            fitted = floor.copy()
+            fitted[free] = self._ridge(x[:, free], y - x[:, held] @ floor[held], _PRIOR[free])
+            if (fitted >= floor).all():
+                break
+            held |= fitted < floor
+        self._params = np.maximum(fitted, floor)
+
+    @staticmethod
+    def _ridge(x: np.ndarray, y: np.ndarray, prior: np.ndarray) -> np.ndarray:
         # Scale columns so the ridge treats them alike, then solve the normal equations.
         scale = np.maximum(np.abs(x).max(axis=0), 1.0)
         xs = x / scale
-        lam = _PRIOR_WEIGHT * np.eye(3)
-        rhs = xs.T @ y + lam @ (_PRIOR * scale)
-        fitted = np.linalg.solve(xs.T @ xs + lam, rhs) / scale
-        self._params = np.maximum(fitted, _PRIOR * 1e-3)  # costs are positive
+        lam = _PRIOR_WEIGHT * np.eye(x.shape[1])
+        rhs = xs.T @ y + lam @ (prior * scale)
+        return np.linalg.solve(xs.T @ xs + lam, rhs) / scale
 
     def predict(self, prefill_tokens: int, decode_tokens: int) -> float:
         a, b, c = self.params
@@ -82,6 +102,8 @@ class ShareAllocator:
         self._mixed: deque[tuple[float, float]] = deque(maxlen=_SHARE_WINDOW)
         self.last_share: float | None = None
         self._dither = random.Random(0)  # own generator: planning never touches global RNG state
+        self._owed = 0.0  # prompt tokens the share asked for and rounds below a block skipped
+        self._skipped = 0  # rounds planned without prompt work that owe it: not yet recorded
 
     def set_share(self, share: float) -> float:
         """A new target share for the rounds planned from now on (the console's control); the
@@ -98,6 +120,8 @@ class ShareAllocator:
         """Prompt tokens for the next round. whole_round: prompt work takes all the room the
         decode rows leave, whatever the share (a burst, lanes/prompt_burst.py)."""
         room = self.max_tokens - decode_tokens
+        if not prompts_waiting or room <= 0 or decode_tokens == 0 or whole_round:
+            self._owed = 0.0
         if not prompts_waiting or room <= 0:
             return 0
         if decode_tokens == 0 or self.share >= 1.0 or whole_round:
@@ -106,9 +130,17 @@ class ShareAllocator:
         want = self.share * (a + c * decode_tokens) / (b * (1.0 - self.share))
         u = self._dither.uniform(-DITHER, DITHER)
         want *= 1.0 + u
-        if want < self.min_prefill:  # the floor varies too, or P would be constant there
-            want = self.min_prefill * (1.0 + abs(u))
-        return int(min(room, want))
+        if want >= self.min_prefill:
+            self._owed = 0.0
+            return int(min(room, want))
+        # less than a block: owe it, and take a block once a block is owed
+        self._owed += max(want, self.min_prefill / MAX_SKIP)
+        if self._owed < self.min_prefill:
+            self._skipped += 1
+            return 0
+        self._owed -= self.min_prefill
+        # the block varies too, or P would be constant there and the fit could not tell costs apart
+        return int(min(room, self.min_prefill * (1.0 + abs(u))))
 
     def record(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
         """Feed one measured round back into the model and the achieved-share account."""
@@ -123,10 +155,14 @@ class ShareAllocator:
             self.last_share = prefill_seconds / seconds
         else:
             self.last_share = 1.0 if prefill_tokens else 0.0
+            if self._skipped and decode_tokens and not prefill_tokens:
+                self._skipped -= 1  # a round that owed prompt work: part of the share's account
+                self._mixed.append((0.0, seconds))
 
     @property
     def achieved_share(self) -> float | None:
-        """Prompt work's share of wall time over recent rounds where both kinds of work ran."""
+        """Prompt work's share of wall time over recent rounds where both kinds of work ran or
+        prompts waited (rounds that skipped prompt work to pay for a block count as 0)."""
         if not self._mixed:
             return None
         return sum(p for p, _ in self._mixed) / sum(t for _, t in self._mixed)

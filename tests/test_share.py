@@ -11,24 +11,32 @@ import pytest
 
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.prompt_burst import PromptBurst
-from lanes.share import ShareAllocator
+from lanes.share import MAX_SKIP, ShareAllocator
 
 # (overhead, per prefill token, per decode token) in seconds; every target reachable with the
-# 16-token floor and the 16384-token cap.
-COSTS = [(3e-3, 5e-5, 5e-4), (1e-3, 1e-5, 1e-3), (5e-4, 5e-6, 2e-4)]
+# 16-token blocks, MAX_SKIP and the 16384-token cap. The last: prompt tokens dear beside few
+# decode rows, as on the CPU, where a block every round was most of the time (0.68 achieved
+# for a 0.30 target on the dev box) and the rounds now owe blocks instead.
+COSTS = [(3e-3, 5e-5, 5e-4), (1e-3, 1e-5, 1e-3), (5e-4, 5e-6, 2e-4), (1e-3, 2e-4, 2e-4)]
 
 
 @pytest.mark.parametrize("share", [0.1, 0.3, 0.5, 0.7, 0.9])
 @pytest.mark.parametrize("costs", COSTS)
 def test_achieved_share_converges(share, costs):
     a, b, c = costs
+    if costs == COSTS[3] and share not in (0.3, 0.5):
+        # 0.1: below a block every MAX_SKIP rounds; 0.7, 0.9: one or two blocks a round, where
+        # whole blocks set the share (plan_round cuts prompt steps at block boundaries)
+        pytest.skip("at these costs blocks, not the allocator, decide the share")
     rng = random.Random(7)
     alloc = ShareAllocator(share, min_prefill=16, max_tokens=16384)
     prefill_time = total = 0.0
+    without = 0  # rounds in a row without prompt work
     for r in range(200):
-        decode = rng.randint(1, 32)  # lanes come and go
+        decode = rng.randint(1, 4 if costs == COSTS[3] else 32)  # lanes come and go
         prefill = alloc.prefill_budget(decode, prompts_waiting=True)
-        assert prefill >= 16  # a waiting prompt always gets some budget
+        without = 0 if prefill else without + 1
+        assert without < MAX_SKIP and (prefill == 0 or prefill >= 16)  # no prompt starves
         noise = 1 + rng.uniform(-0.05, 0.05)
         seconds = (a + b * prefill + c * decode) * noise
         alloc.record(prefill, decode, seconds)
@@ -44,6 +52,20 @@ def test_only_one_kind_waiting():
     assert alloc.prefill_budget(decode_tokens=0, prompts_waiting=True) == 512
     assert alloc.prefill_budget(decode_tokens=8, prompts_waiting=False) == 0
     assert 16 <= alloc.prefill_budget(decode_tokens=8, prompts_waiting=True) <= 504
+
+
+def test_a_dear_block_is_owed_not_taken_every_round():
+    """Negative control for the CPU case above: a block every round overshoots the share."""
+    a, b, c = COSTS[3]
+    alloc = ShareAllocator(0.3, min_prefill=16, max_tokens=512)
+    rounds = []
+    for _ in range(200):
+        prefill = alloc.prefill_budget(2, prompts_waiting=True)
+        alloc.record(prefill, 2, a + b * prefill + c * 2)
+        rounds.append(prefill)
+    assert 0 in rounds[100:] and abs(alloc.achieved_share - 0.3) <= 0.05
+    every_round = b * 16 / (a + b * 16 + c * 2)  # what the old floor gave
+    assert every_round > 0.6
 
 
 class FakeClock:
@@ -157,3 +179,23 @@ def test_requests_arriving_together_are_computed_first(llama_dir):
 def test_a_long_prompt_among_decoders_keeps_the_share(llama_dir):
     """Bursts leave the case the share is for alone: one prompt among four decoding lanes."""
     assert _ttft_and_itl(llama_dir, 0.1) == _ttft_and_itl(llama_dir, 0.1, bursts=False)
+
+
+def test_a_slow_first_prompt_round_does_not_bend_the_fit():
+    """The CPU case: the decoders' first prompt round (120 tokens, nothing decoding) ran slow,
+    so an unconstrained fit wants a negative overhead. Holding it at its floor and refitting
+    keeps decode rounds predicted near their time; clamping after the solve (the negative
+    control, computed here) predicted them at 7x."""
+    import numpy as np
+
+    from lanes.share import CostModel
+
+    model = CostModel()
+    rows = [(120, 0, 0.67)] + [(0, 3, 0.022)] * 20 + [(16, 3, 0.13)] * 10
+    for p, d, s in rows:
+        model.observe(p, d, s)
+    assert model.predict(0, 3) == pytest.approx(0.022, rel=0.3)  # 0.028: the slow row pulls
+    assert model.predict(16, 3) == pytest.approx(0.13, rel=0.25)
+    x = np.array([(1.0, p, d) for p, d, _ in rows])
+    clamped = np.maximum(np.linalg.lstsq(x, np.array([r[2] for r in rows]), rcond=None)[0], 0)
+    assert clamped @ (1, 0, 3) > 5 * 0.022  # 0.162
