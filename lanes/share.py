@@ -136,7 +136,9 @@ class ShareAllocator:
         # less than a block: owe it, and take a block once a block is owed
         self._owed += max(want, self.min_prefill / MAX_SKIP)
         if self._owed < self.min_prefill:
-            self._skipped += 1
+            # bounded: a skipped round whose record never comes (its lanes ended) must not
+            # count later decode rounds against the share for long
+            self._skipped = min(self._skipped + 1, MAX_SKIP)
             return 0
         self._owed -= self.min_prefill
         # the block varies too, or P would be constant there and the fit could not tell costs apart
