@@ -35,7 +35,7 @@ LAYERS = [
     ("engine: output", ["lanes.output"]),
     ("engine: drafting, verifying", ["lanes.drafting", "lanes.verifier"]),
     ("engine: scheduler, intake", ["lanes.scheduler", "lanes.intake"]),
-    ("engine: state", ["lanes.share", "lanes.metrics", "lanes.inflight", "lanes.draft_costs",
+    ("engine: state", ["lanes.share", "lanes.prompt_burst", "lanes.metrics", "lanes.inflight", "lanes.draft_costs",
                        "lanes.recurrent", "lanes.launched_chunks", "lanes.round_clock",
                        "lanes.round_book", "lanes.mask_budget", "lanes.mask_prefetch"]),
     ("drafter", ["lanes.drafter"]),
