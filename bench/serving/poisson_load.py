@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import RESULTS
+from bench.stats import percentile
 from lanes import EngineConfig, SamplingParams, build_engine
 
 EVERYDAY = Path(__file__).resolve().parents[1] / "data" / "everyday_prompts.json"
@@ -73,13 +74,6 @@ def make_requests(n: int, rate: float, median: int, seed: int) -> list[Request]:
     return out
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def summarise(outcomes: list[Outcome], wall: float) -> dict:
     ok = [o for o in outcomes if o.error is None]
     gaps = [b - a for o in ok for a, b in zip(o.chunk_times, o.chunk_times[1:], strict=False)]
@@ -93,10 +87,10 @@ def summarise(outcomes: list[Outcome], wall: float) -> dict:
         "requests": len(outcomes),
         "failed": len(outcomes) - len(ok),
         "output_tok_s": sum(o.tokens for o in ok) / wall if wall > 0 else None,
-        "ttft_p50_s": _percentile(ttfts, 0.5),
-        "ttft_p99_s": _percentile(ttfts, 0.99),
-        "itl_p50_s": _percentile(gaps, 0.5),
-        "itl_p99_s": _percentile(gaps, 0.99),
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p99_s": percentile(ttfts, 0.99),
+        "itl_p50_s": percentile(gaps, 0.5),
+        "itl_p99_s": percentile(gaps, 0.99),
         "tpot_p50_s": statistics.median(tpot) if tpot else None,
         "wall_s": wall,
     }

@@ -25,12 +25,8 @@ from pathlib import Path
 import torch
 
 from bench.shapes import SHAPES, id_tokenizer, random_checkpoint, synthetic_prompt
+from bench.stats import percentile
 from lanes import EngineConfig, SamplingParams, build_engine
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run(engine, args) -> dict:
