@@ -120,11 +120,11 @@ class ShareAllocator:
         """Prompt tokens for the next round. whole_round: prompt work takes all the room the
         decode rows leave, whatever the share (a burst, lanes/prompt_burst.py)."""
         room = self.max_tokens - decode_tokens
-        if not prompts_waiting or room <= 0 or decode_tokens == 0 or whole_round:
-            self._owed = 0.0
         if not prompts_waiting or room <= 0:
+            self._owed = 0.0
             return 0
         if decode_tokens == 0 or self.share >= 1.0 or whole_round:
+            self._owed = 0.0
             return room
         a, b, c = self.model.params
         want = self.share * (a + c * decode_tokens) / (b * (1.0 - self.share))
