@@ -11,7 +11,7 @@ from bench.dispatch import QUESTIONS, run, subcommands
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 # the top level keeps the exactness harness, shared helpers and result tools only
 TOP_LEVEL = {"__init__", "__main__", "dispatch", "exactness", "compare", "plots", "shapes",
-             "random_checkpoint"}  # fmt: skip
+             "random_checkpoint", "stats"}  # fmt: skip
 
 
 def _stray_scripts(folder: Path) -> set[str]:
