@@ -77,7 +77,9 @@ def build_engine(
             f"--kv-cache-bytes {cfg.kv_cache_bytes} does not hold the recurrent state of "
             f"{cfg.max_lanes} lanes ({_state_bytes(mc, cfg.max_lanes)} bytes) and one KV block"
         )
-    runner = build_runner(decoder, max(1, budget // per_block), cfg, dtype)
+    runner = build_runner(
+        decoder, max(1, budget // per_block), cfg, dtype, mixed_graphs=cfg.mixed_graphs
+    )
     if proposer is None and (parallel is None or parallel.rank == 0):
         proposer = make_proposer(cfg.drafter, cfg, ckpt)
     if cfg.cost_aware_drafts is None and _verify_rows_are_dear(decoder):

@@ -341,6 +341,9 @@ class EngineConfig:
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
     kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
     cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
+    # with cuda_graphs: also a round's decode rows beside a prompt chunk of at most 512 tokens
+    # (lanes/mixed_graphs.py; attention-only models)
+    mixed_graphs: bool = True
     # capture every lane bucket's decode (and full verify) graph and compile the samplers when
     # the engine is built, not at the first round that needs them (lanes/warmup.py)
     capture_at_start: bool = True

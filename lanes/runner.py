@@ -25,6 +25,7 @@ class ModelRunner:
         tables: BlockTables,
         graphs=None,
         branches: BranchScratch | None = None,
+        mixed=None,
     ) -> None:
         self.decoder = decoder
         self.kv = kv
@@ -36,6 +37,7 @@ class ModelRunner:
         self.tables = tables  # every lane's blocks by slot, on the host and the device
         self.row_params = ParamsOnDevice()  # the sampled rows' parameters, on the device
         self.graphs = graphs  # DecodeGraphs, or None: every forward runs eagerly
+        self.mixed = mixed  # MixedGraphs (decode rows beside a prompt chunk), or None
         self.comm = decoder.comm  # tensor parallel: rank 0 announces each forward to the others
         # the latest forward's final-norm rows, lane after lane (num_tokens rows each); a view
         # the next forward overwrites: take copies of what must outlive it
@@ -147,10 +149,12 @@ class ModelRunner:
         `pending_row` read their first token from (the overlap of rounds)."""
         for r in rows:
             self.tables.sync(r.slot, r.blocks)
-        if self.graphs is not None and not all_logits and self.graphs.supports(rows):
-            logits = self.graphs.run(rows, previous_tokens)
-            self.last_hidden = self.graphs.last_hidden
-            return logits
+        if self.graphs is not None and not all_logits:
+            for graphs in (self.graphs, self.mixed):
+                if graphs is not None and graphs.supports(rows):
+                    logits = graphs.run(rows, previous_tokens)
+                    self.last_hidden = graphs.last_hidden
+                    return logits
         if self.comm is not None and previous_tokens is not None:
             raise ValueError("tensor parallel ranks read input ids from the host: no pending rows")
         batch = self.build_batch(rows, all_logits, previous_tokens)
@@ -171,8 +175,11 @@ def _to_device(values: list[int], device: str) -> torch.Tensor:
     return torch.from_numpy(host).to(device, non_blocking=True)
 
 
-def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) -> ModelRunner:
-    """A runner with its KV pool and, on CUDA with Triton ops, CUDA graphs for decode.
+def build_runner(
+    decoder: Decoder, num_blocks: int, config, dtype: torch.dtype, mixed_graphs: bool = False
+) -> ModelRunner:
+    """A runner with its KV pool and, on CUDA with Triton ops, CUDA graphs for decode (and
+    with `mixed_graphs`, the engine's target: for decode rows beside a prompt chunk).
 
     The pool holds one block more than the block pool hands out: the scratch block that
     CUDA-graph padding lanes write to; and, with draft branches, their scratch slots after it
@@ -206,7 +213,7 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         )  # fmt: skip
     max_ctx = min(mc.max_position_embeddings, num_blocks * bs)
     tables = BlockTables(bs, -(-max_ctx // bs), config.device, num_slots=config.max_lanes)
-    graphs = None
+    graphs = mixed = None
     if (
         config.cuda_graphs
         and config.device.startswith("cuda")
@@ -214,8 +221,11 @@ def build_runner(decoder: Decoder, num_blocks: int, config, dtype: torch.dtype) 
         and decoder.comm is None
     ):
         from lanes.graphs import DecodeGraphs
+        from lanes.mixed_graphs import MixedGraphs
 
         graphs = DecodeGraphs(
             decoder, kv, tables, scratch_slot=num_blocks * bs, max_ctx=max_ctx, branches=branches
         )
-    return ModelRunner(decoder, kv, config.device, tables, graphs, branches)
+        if mixed_graphs and MixedGraphs.serves(graphs):
+            mixed = MixedGraphs(graphs)
+    return ModelRunner(decoder, kv, config.device, tables, graphs, branches, mixed)

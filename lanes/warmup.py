@@ -1,6 +1,6 @@
 """Work done once when an engine is built, so that no request pays for it. On a GPU: every lane
-bucket's CUDA graph captured (decode, and the full verify when a drafter verifies through the
-target's graphs), the device rounds' buckets captured, and the sampling kernels compiled. On the
+bucket's CUDA graph captured (decode, the full verify when a drafter verifies through the
+target's graphs, and decode beside a prompt chunk), the device rounds' buckets captured, and the sampling kernels compiled. On the
 CPU: the C kernels of exact mode built.
 
 Done lazily, each of these lands inside some round and stalls every lane running then: on the
@@ -52,6 +52,8 @@ def prepare_device(
             if verifies_drafts:  # a probe's verify and a full one (other k: at first use)
                 tokens += sorted({2, 1 + cfg.num_draft_tokens})
             captured += graphs.prepare(tokens)
+        if runner.mixed is not None:  # decode rows beside a prompt chunk
+            captured += runner.mixed.prepare()
         if device_rounds is not None:
             captured += device_rounds.prepare()
         if ops == "triton":

@@ -1,0 +1,261 @@
+"""CUDA graphs for mixed forwards: decode rows beside one prompt chunk, replayed as one graph.
+
+A round's first forward carries every decode step and the first prompt chunk (lanes/rounds.py).
+Eagerly, an 8B model's forward costs milliseconds of launches whatever its rows, so a prompt
+arriving among 63 decoding lanes made each of their tokens wait for an eager forward instead of
+a graph replay (issue 42). Here such a forward, when its chunk is short enough for launches to
+matter, fits a bucket and replays: decode lanes padded up to LANE_BUCKETS, chunk rows up to
+CHUNK_BUCKETS.
+
+Layout of bucket (L lanes, C chunk rows); M = the longest context (DecodeGraphs' capacity):
+
+    rows      [0, L)        decode lane i's row (padding lanes: id 0 at position 0, K/V to the
+                            scratch slot)
+              [L, L + C)    the chunk's rows, then padding rows (K/V to the scratch slot)
+    seqs      0: the chunk (C queries from its first position, its real context length)
+              1 + i: decode lane i
+    kv_slots  [0, M): the chunk's context; [(1 + i) * M, (2 + i) * M): decode lane i's
+    logits    the decode rows in order, then the chunk's last real row
+
+Padding rows of the chunk are queries past its context: they attend only to its real keys
+(masked beyond), so they stay finite, and no real row sees them (causal). One kv_slots buffer
+serves every bucket (the chunk first, so a bucket's lanes are a prefix of it), refilled only
+where a lane's context grew or its blocks changed, as DecodeGraphs does. Batch invariance makes
+the layout invisible: every row gets the bits it gets in an eager forward.
+
+Attention-only models without drafter features (hybrids' recurrent state and EAGLE heads keep
+their eager mixed forwards); the engine's own target forwards, one process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from lanes.batch import ForwardBatch, fill_pending
+from lanes.graphs import DecodeGraphs, capture, log_first_use, valid_slots
+from lanes.kernels.attention import AttentionMeta, block_q_for
+from lanes.lane_rows import LaneRows
+
+LANE_BUCKETS = (4, 16, 64)
+# chunks longer than the last bucket run eagerly: there the chunk's own work outweighs launches
+CHUNK_BUCKETS = (32, 64, 128, 192, 256, 384, 512)
+_KV_TAIL = CHUNK_BUCKETS[-1] + 256  # padding queries' key tiles may read past the chunk's region
+
+
+class _MixedGraph:
+    """One bucket's static inputs and graph."""
+
+    def __init__(self, lanes: int, chunk: int, group: int, kv_slots, max_ctx: int, device):
+        n = lanes + chunk
+        i64 = dict(dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        self.lanes, self.chunk = lanes, chunk
+        self.input_ids = torch.zeros(n, **i64)
+        self.positions = torch.zeros(n, **i64)
+        self.slot_mapping = torch.zeros(n, **i64)
+        self.first_pos = torch.zeros(1 + lanes, **i32)
+        self.ctx_len = torch.ones(1 + lanes, **i32)
+        self.logits_indices = torch.zeros(lanes + 1, **i64)
+        bq = block_q_for(group)
+        chunk_tiles = list(range(0, chunk, bq))
+        # decode tiles first: the kernel starts the last tiles first, and the chunk's are long
+        meta = AttentionMeta(
+            tile_seq=torch.tensor(list(range(1, lanes + 1)) + [0] * len(chunk_tiles), **i32),
+            tile_q0=torch.tensor([0] * lanes + chunk_tiles, **i32),
+            q_start=torch.tensor([lanes] + list(range(lanes)), **i32),
+            num_q=torch.tensor([chunk] + [1] * lanes, **i32),
+            first_pos=self.first_pos,
+            ctx_len=self.ctx_len,
+            kv_off=torch.arange(lanes + 1, **i64) * max_ctx,
+            kv_slots=kv_slots,
+            block_q=bq,
+            max_ctx=max_ctx,
+        )
+        self.batch = ForwardBatch(
+            input_ids=self.input_ids,
+            positions=self.positions,
+            slot_mapping=self.slot_mapping,
+            seqs=(),
+            logits_indices=self.logits_indices,
+            attn_meta={group: meta},
+        )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.forward = None  # eager: the forward each "replay" runs instead
+        self.logits: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
+
+
+class MixedGraphs:
+    def __init__(self, graphs: DecodeGraphs) -> None:
+        """Beside the decode graphs, sharing their decoder, memory pool, block tables and
+        scratch slot (and their eager mode: the CPU tests of the layout)."""
+        self.decoder = graphs.decoder
+        self.kv = graphs.kv
+        self.tables = graphs.tables
+        self.scratch_slot = graphs.scratch_slot
+        self.max_ctx = graphs.max_ctx
+        self.eager = graphs.eager
+        self.pool = graphs.pool
+        self.group = graphs.group
+        self.device = graphs.device
+        size = (1 + LANE_BUCKETS[-1]) * self.max_ctx + _KV_TAIL
+        self.kv_slots = torch.full(
+            (size,), self.scratch_slot, dtype=torch.int64, device=self.device
+        )
+        # what each lane region of kv_slots holds: (the blocks it was written from, positions)
+        self.regions: list[tuple[list[int], int] | None] = [None] * (1 + LANE_BUCKETS[-1])
+        self.graphs: dict[tuple[int, int], _MixedGraph] = {}
+        self.num_replays = 0
+        self.last_hidden: torch.Tensor | None = None
+
+    @staticmethod
+    def serves(graphs: DecodeGraphs) -> bool:
+        """Whether a model's forwards can take mixed graphs: attention only, no features."""
+        return graphs.states is None and graphs.feature_row is None and graphs.branches is None
+
+    def bucket(self, rows: Sequence[LaneRows]) -> tuple[int, int] | None:
+        """The bucket of a forward of decode rows (one token, one logits row each) followed by
+        one prompt chunk (at most the last bucket's rows, logits at most on its last); None if
+        the forward is not of that shape."""
+        if len(rows) < 2 or len(rows) - 1 > LANE_BUCKETS[-1]:
+            return None
+        *decode, chunk = rows
+        if not (
+            chunk.num_tokens <= CHUNK_BUCKETS[-1]
+            and chunk.num_logits <= 1
+            and _plain(chunk)
+            and chunk.pending_row is None
+            and chunk.end <= self.max_ctx
+        ):
+            return None
+        if not all(
+            d.num_tokens == 1 and d.num_logits == 1 and _plain(d) and d.end <= self.max_ctx
+            for d in decode
+        ):
+            return None
+        lanes = next(b for b in LANE_BUCKETS if b >= len(decode))
+        return lanes, next(b for b in CHUNK_BUCKETS if b >= chunk.num_tokens)
+
+    def supports(self, rows: Sequence[LaneRows]) -> bool:
+        return self.bucket(rows) is not None
+
+    def prepare(self) -> int:
+        """Capture every bucket now rather than in the round that first needs one (a capture
+        stalls every lane of that round). Returns how many were captured."""
+        captured = 0
+        for lanes in LANE_BUCKETS:
+            for chunk in CHUNK_BUCKETS:
+                if (lanes, chunk) not in self.graphs:
+                    self.graphs[(lanes, chunk)] = self._capture(lanes, chunk)
+                    captured += 1
+        return captured
+
+    def run(
+        self, rows: Sequence[LaneRows], previous_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        key = self.bucket(rows)
+        g = self.graphs.get(key)
+        if g is None:
+            start = time.perf_counter()
+            g = self.graphs[key] = self._capture(*key)
+            log_first_use("mixed graph (lanes, chunk rows)", key, start)
+        self._fill(g, rows)
+        n, chunk = len(rows) - 1, rows[-1]
+        fill_pending(g.input_ids, [*range(n), g.lanes], rows, previous_tokens)
+        if g.graph is None:
+            g.logits, g.hidden = g.forward()
+        else:
+            g.graph.replay()
+        self.num_replays += 1
+        hidden = g.hidden
+        r = chunk.num_tokens
+        # the forward's rows in the order the runner's callers read them: decode, then chunk
+        self.last_hidden = (
+            hidden[: n + r]
+            if n == g.lanes
+            else torch.cat([hidden[:n], hidden[g.lanes : g.lanes + r]])
+        )
+        logits = g.logits
+        return (logits[: n + 1] if chunk.num_logits else logits[:n]).clone()
+
+    def _fill(self, g: _MixedGraph, rows: Sequence[LaneRows]) -> None:
+        """Refill the bucket's static inputs; kv_slots only where a region is stale."""
+        m, scratch = self.max_ctx, self.scratch_slot
+        *decode, chunk = rows
+        ids, pos, slots, first, ctx = [], [], [], [], []
+        where, what = [], []  # kv_slots entries to set
+        for i in range(g.lanes):
+            region = 1 + i
+            if i < len(decode):
+                s = decode[i]
+                ids += s.token_ids
+                pos.append(s.start)
+                slots += self.tables.row(s.slot).slots(s.start, s.end)
+                first.append(s.start)
+                ctx.append(s.end)
+                self._refresh(region, s, where, what)
+            else:  # padding lane: position 0, its one key in the scratch slot
+                ids.append(0)
+                pos.append(0)
+                slots.append(scratch)
+                first.append(0)
+                ctx.append(1)
+                where.append(region * m)
+                what.append(scratch)
+                self.regions[region] = None
+        pad = g.chunk - chunk.num_tokens
+        ids += list(chunk.token_ids) + [0] * pad
+        pos += list(range(chunk.start, chunk.end)) + [0] * pad
+        slots += self.tables.row(chunk.slot).slots(chunk.start, chunk.end) + [scratch] * pad
+        self._refresh(0, chunk, where, what)
+        logits_rows = [*range(len(decode)), g.lanes + chunk.num_tokens - 1]
+        logits_rows += [0] * (g.lanes + 1 - len(logits_rows))
+        # one host-to-device copy, split on the device; never blocking (a forward may be in flight)
+        seqs = [chunk.start, *first], [chunk.end, *ctx]
+        n, w = len(ids), len(where)
+        staged = torch.tensor(
+            ids + pos + slots + logits_rows + seqs[0] + seqs[1] + where + what, dtype=torch.int64
+        ).to(g.input_ids.device, non_blocking=True)
+        g.input_ids.copy_(staged[:n])
+        g.positions.copy_(staged[n : 2 * n])
+        g.slot_mapping.copy_(staged[2 * n : 3 * n])
+        at = 3 * n
+        g.logits_indices.copy_(staged[at : at + g.lanes + 1])
+        at += g.lanes + 1
+        g.first_pos.copy_(staged[at : at + g.lanes + 1])
+        g.ctx_len.copy_(staged[at + g.lanes + 1 : at + 2 * (g.lanes + 1)])
+        if w:
+            kv = staged[at + 2 * (g.lanes + 1) :]
+            self.kv_slots.index_copy_(0, kv[:w], kv[w:])
+
+    def _refresh(self, region: int, s: LaneRows, where: list[int], what: list[int]) -> None:
+        """The kv_slots entries of `region` that must change for lane rows s, appended."""
+        table = self.tables.row(s.slot)
+        valid = valid_slots(self.regions[region], s.blocks, table.block_size)
+        if valid < s.end:
+            where += range(region * self.max_ctx + valid, region * self.max_ctx + s.end)
+            what += table.slots(valid, s.end)
+        self.regions[region] = (list(s.blocks), max(valid, s.end))
+
+    def _capture(self, lanes: int, chunk: int) -> _MixedGraph:
+        g = _MixedGraph(lanes, chunk, self.group, self.kv_slots, self.max_ctx, self.device)
+        g.slot_mapping.fill_(self.scratch_slot)
+        g.ctx_len.fill_(1)
+        g.ctx_len[0] = chunk  # the capture's chunk: C rows over the first C entries of region 0
+
+        def forward():
+            return self.decoder.forward(g.batch, self.kv), self.decoder.last_hidden
+
+        if self.eager:
+            g.forward = forward
+        else:
+            g.graph, (g.logits, g.hidden) = capture(self.pool, forward)
+        return g
+
+
+def _plain(r: LaneRows) -> bool:
+    """Rows a mixed graph takes: no draft branch, drafts or features from elsewhere."""
+    return not r.branch and r.draft_source is None and r.features is None
