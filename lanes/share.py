@@ -35,6 +35,7 @@ _MIN_ROUNDS = 8  # fewer measured rounds than this: keep the prior (one point fi
 _SHARE_WINDOW = 100  # the reported share covers this many recent mixed rounds
 DITHER = 0.3
 MAX_SKIP = 8  # rounds at most between a waiting prompt's blocks while lanes decode
+SLOW_ROUND = 3.0  # a round this many times slower than the fit says is left out of it
 
 
 class CostModel:
@@ -61,6 +62,22 @@ class CostModel:
         self._stale = False
         data = np.array(self._rows)
         x, y = data[:, :3], data[:, 3]
+        params = self._solve(x, y)
+        # Rounds far slower than the fit (a graph captured or a kernel compiled inside them:
+        # one-off seconds no later round repeats) are left out, once: on an H100 a first 1,024-
+        # token prompt round of several seconds made the overhead so large that a 32K prompt
+        # among 63 decoders took 8,128 tokens a round at share 0.5.
+        typical = y <= SLOW_ROUND * (x @ params)
+        if not typical.all() and typical.sum() >= _MIN_ROUNDS:
+            params = self._solve(x[typical], y[typical])
+        self._params = params
+
+    @classmethod
+    def _solve(cls, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Least squares of the relative error (each round weighted by 1 / its seconds, so a
+        round of 8 ms counts as much as one of 0.5 s), with the ridge towards the prior."""
+        weight = 1.0 / np.maximum(y, 1e-6)
+        x, y = x * weight[:, None], y * weight
         floor = _PRIOR * 1e-3  # costs are positive
         # Costs that come out below the floor are held there and the others refitted without
         # them (clamping after the solve left the rest fitted to a negative one: on the CPU a
@@ -70,11 +87,11 @@ class CostModel:
         for _ in range(3):
             free = ~held
             fitted = floor.copy()
-            fitted[free] = self._ridge(x[:, free], y - x[:, held] @ floor[held], _PRIOR[free])
+            fitted[free] = cls._ridge(x[:, free], y - x[:, held] @ floor[held], _PRIOR[free])
             if (fitted >= floor).all():
                 break
             held |= fitted < floor
-        self._params = np.maximum(fitted, floor)
+        return np.maximum(fitted, floor)
 
     @staticmethod
     def _ridge(x: np.ndarray, y: np.ndarray, prior: np.ndarray) -> np.ndarray:

@@ -199,3 +199,28 @@ def test_a_slow_first_prompt_round_does_not_bend_the_fit():
     x = np.array([(1.0, p, d) for p, d, _ in rows])
     clamped = np.maximum(np.linalg.lstsq(x, np.array([r[2] for r in rows]), rcond=None)[0], 0)
     assert clamped @ (1, 0, 3) > 5 * 0.022  # 0.162
+
+
+def test_rounds_that_captured_or_compiled_do_not_set_the_budget():
+    """The H100 case (issue 42): the first prompt rounds after an engine's build ran seconds
+    long (captures, compiles), then decode rounds of 63 lanes at 7.7 ms and prompt rounds at
+    their real cost. Left out of the fit, the stalls do not set the budget: a 32K prompt among
+    the decoders gets the tokens its costs ask for at share 0.5 (about 140), not the round's
+    whole room. The negative control: the plain least-squares fit of the same rounds (computed
+    here) puts the stalls in the overhead and asks for thousands of tokens."""
+    import numpy as np
+
+    a, b, c = 2e-3, 6e-5, 9e-5  # the H100's 8B costs, roughly
+    rows = [(1024, 0, 2.9), (8192, 0, 1.6)]  # stalled: first use of their shapes
+    rows += [(8192, 0, a + b * 8192)] * 4 + [(128 * 63, 0, a + b * 8064)]
+    rng = random.Random(3)
+    rows += [(0, 63, (a + c * 63) * rng.uniform(0.97, 1.03)) for _ in range(40)]
+    alloc = ShareAllocator(0.5, min_prefill=16, max_tokens=8192)
+    for p, d, s in rows:
+        alloc.record(p, d, s)
+    want = (a + c * 63) / b  # the budget the true costs give at share 0.5: 128 tokens
+    budgets = [alloc.prefill_budget(63, prompts_waiting=True) for _ in range(20)]
+    assert 0.5 * want < statistics.median(budgets) < 1.6 * want
+    x = np.array([(1.0, p, d) for p, d, _ in rows])
+    plain = np.linalg.lstsq(x, np.array([r[2] for r in rows]), rcond=None)[0]
+    assert (plain[0] + plain[2] * 63) / max(plain[1], 1e-9) > 10 * want
