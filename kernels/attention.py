@@ -11,7 +11,8 @@ long prompts take twice the rows per program; the last query tiles start first.
 Key partitions (flash-decoding, with fixed bits): the tiles are grouped into partitions of
 PART_TILES tiles at absolute positions; each partition's online softmax starts afresh, and the
 partitions' states are merged in ascending order (`_merge`). A prefill program merges them in
-registers as it walks; a decode or verify forward with few programs computes the partitions in
+registers as it walks; a forward with few programs over long contexts (decode, verify, or a
+prompt chunk deep in a long prompt beside short decode lanes) computes the partitions in
 parallel programs (the kernel's SPLIT form) and stores their states, and the last of a query
 tile's programs to arrive (a ticket, as matmul's split-K) merges them in ascending order with the
 same arithmetic, in the same launch. The kernels are compiled without fp fusion
@@ -46,7 +47,13 @@ PART_TILES = 4
 # a decode/verify forward with fewer (query tile, KV head) programs than this computes the
 # partitions in parallel programs (about 2 per SM on the H200)
 SPLIT_BELOW_PROGRAMS = 256
-SPLIT_SCRATCH_BYTES = 64 << 20  # the partitions' states, per forward, at most
+# the partitions' states, per forward, at most: a 143-row forward (a prompt chunk beside 63
+# decode rows) at a 32K context needs 152 MB
+SPLIT_SCRATCH_BYTES = 384 << 20
+# lanes whose context is over a quarter of the forward's longest walk "long" key ranges: where
+# few programs walk them (a prompt chunk deep in a long prompt beside short decode lanes) the
+# forward splits, whatever the short lanes' programs (lanes/mixed_graphs.py)
+LONG_SHARE = 4
 BLOCK_ROWS = 64  # rows per program: BLOCK_Q queries x GROUP heads, padded to a power of two
 # long prompts: twice the rows per program (8 warps), so each key tile loaded serves more queries.
 # A row's bits do not depend on how many rows share its tensor-core tile (checked on the H200:
@@ -70,6 +77,8 @@ class AttentionMeta:
     kv_slots: torch.Tensor  # [sum ctx_len] int64: slot of every context position, lane by lane
     block_q: int
     max_ctx: int  # the longest context any lane may have (graphs: their capacity)
+    # query tiles of the lanes with long contexts (-1: every tile): what the split decision counts
+    long_tiles: int = -1
 
 
 def key_tile(head_dim: int) -> int:
@@ -111,10 +120,15 @@ def make_meta(seqs, group: int, device, rows: int = BLOCK_ROWS) -> AttentionMeta
         [],
     )
     off = 0
+    seqs = list(seqs)
+    longest = max((cl for _, _, cl, _ in seqs), default=0)
+    long_tiles = 0
     for i, (qs, nq, cl, sl) in enumerate(seqs):
         for q0 in range(0, nq, bq):
             tile_seq.append(i)
             tile_q0.append(q0)
+        if cl * LONG_SHARE > longest:
+            long_tiles += -(-nq // bq)
         q_start.append(qs)
         num_q.append(nq)
         first_pos.append(cl - nq)
@@ -139,6 +153,7 @@ def make_meta(seqs, group: int, device, rows: int = BLOCK_ROWS) -> AttentionMeta
         else torch.zeros(0, dtype=torch.int64, device=device),
         block_q=bq,
         max_ctx=max(ctx_len, default=0),
+        long_tiles=long_tiles,
     )
 
 
@@ -489,10 +504,12 @@ def paged_attention(
     check(block_r < WIDE_ROWS or d <= 128, "wide tiles are for heads of at most 128")
     max_parts = max(1, triton.cdiv(meta.max_ctx, part_tiles * block_n))
     scratch_bytes = t * hq * max_parts * (d + 2) * 4
+    # the programs that walk long key ranges: where they are few, their partitions are split
+    long_programs = max(1, (num_tiles if meta.long_tiles < 0 else meta.long_tiles) * hkv)
     if split is None:
         split = (
             max_parts > 1
-            and num_tiles * hkv < SPLIT_BELOW_PROGRAMS
+            and long_programs < SPLIT_BELOW_PROGRAMS
             and scratch_bytes <= SPLIT_SCRATCH_BYTES
             and block_r < WIDE_ROWS
         )
@@ -503,7 +520,7 @@ def paged_attention(
         part_m = torch.empty(t * hq * max_parts, **f32)
         part_denom = torch.empty(t * hq * max_parts, **f32)
         part_acc = torch.empty(t * hq * max_parts * d, **f32)
-        splits = min(max_parts, triton.cdiv(2 * SPLIT_BELOW_PROGRAMS, num_tiles * hkv))
+        splits = min(max_parts, triton.cdiv(2 * SPLIT_BELOW_PROGRAMS, long_programs))
     else:
         part_m = part_denom = part_acc = torch.empty(0, **f32)
         splits = 1

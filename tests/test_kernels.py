@@ -280,6 +280,24 @@ def test_attention_partitions_split_or_merged_in_one_program_agree():
     )
 
 
+def test_a_chunk_deep_in_a_prompt_beside_decode_rows_splits_with_the_same_bits():
+    """A mixed round's forward: short decode lanes, then a prompt chunk with a long context.
+    Only the chunk's tiles count as long, so the forward splits their partitions over programs
+    however many decode lanes there are; the rows get the bits of one program per tile."""
+    gen = torch.Generator().manual_seed(8)
+    q, k_cache, v_cache, seqs = attention_case(
+        torch.float32, DEVICE, gen, [(1, 9), (1, 12), (1, 7), (40, 150)], 4, 2, 32
+    )
+    meta = attention.make_meta(seqs, 2, DEVICE)
+    assert meta.long_tiles == -(-40 // meta.block_q)
+    walked = attention.paged_attention(q, k_cache, v_cache, meta, split=False, **SMALL_TILES)
+    split = attention.paged_attention(q, k_cache, v_cache, meta, split=True, **SMALL_TILES)
+    assert torch.equal(walked, split)
+    torch.testing.assert_close(
+        walked, attention.ref_paged_attention(q, k_cache, v_cache, seqs), rtol=1e-4, atol=1e-5
+    )
+
+
 def test_attention_decode_split_equals_the_prefill_row():
     """A lane's last query: decoded with its partitions split over programs, or computed inside
     prefill chunks of several sizes (partitions merged in registers, chunk boundaries anywhere

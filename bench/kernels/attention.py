@@ -10,6 +10,11 @@ give them.
 `--decode`: decode (1 query) and verify (5 queries) steps instead, every lane with the whole
 context, timed as graph replays: µs per call and the K/V bytes read per second.
 
+`--chunks`: a prompt chunk of 16-256 queries at the end of each length's context, alone and
+beside 63 decode lanes of 160 positions (a mixed round's forward), with its key partitions
+split over programs or walked by one program per query tile: µs per call as graph replays, and
+whether the two give the same bits.
+
 `--baseline` times only the layout the engine takes (rows_for), with the arguments every version
 of kernels/attention.py since the ninth session takes (for a before/after run of an older tree).
 """
@@ -112,15 +117,48 @@ def decode_row(length: int, lanes: int, queries: int) -> dict:
     return row
 
 
+def chunk_row(length: int, chunk: int, decoders: int) -> dict:
+    """A chunk's last `chunk` queries at context `length`, and `decoders` decode lanes of 160
+    positions before it in the same call (the decode rows first, as a mixed round has them)."""
+    gen = torch.Generator(device="cuda").manual_seed(length + chunk)
+    q, kc, vc, slots = case(length + 160 * decoders, gen)
+    chunk_slots, rest = slots[:length], slots[length:]
+    seqs = [(i, 1, 160, rest[i * 160 : (i + 1) * 160]) for i in range(decoders)]
+    seqs.append((decoders, chunk, length, chunk_slots))
+    q = q[: decoders + chunk].contiguous()
+    meta = attention.make_meta(seqs, HQ // HKV, q.device)
+    split = attention.paged_attention(q, kc, vc, meta, split=True)
+    walked = attention.paged_attention(q, kc, vc, meta, split=False)
+    return {
+        "us_default": graph_us(lambda: attention.paged_attention(q, kc, vc, meta)),
+        "us_split": graph_us(lambda: attention.paged_attention(q, kc, vc, meta, split=True)),
+        "us_one_program_per_tile": graph_us(
+            lambda: attention.paged_attention(q, kc, vc, meta, split=False)
+        ),
+        "split_equals_walked": bool(torch.equal(split, walked)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--baseline", action="store_true")
     ap.add_argument("--decode", action="store_true", help="decode and verify steps instead")
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--chunks", action="store_true", help="prompt chunks deep in a context")
     ap.add_argument("--out", default="bench/results/attention-h200.json")
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "heads": [HQ, HKV, D], "lengths": {}}
+    if args.chunks:
+        for length in args.lengths:
+            for chunk in (16, 80, 256):
+                for decoders in (0, 63):
+                    row = chunk_row(length, chunk, decoders)
+                    report["lengths"][f"{length} chunk={chunk} decoders={decoders}"] = row
+                    print(length, chunk, decoders, json.dumps(row), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        return
     if args.decode:
         for length in args.lengths:
             for lanes in args.lanes:
