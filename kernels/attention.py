@@ -47,13 +47,16 @@ PART_TILES = 4
 # a decode/verify forward with fewer (query tile, KV head) programs than this computes the
 # partitions in parallel programs (about 2 per SM on the H200)
 SPLIT_BELOW_PROGRAMS = 256
-# the partitions' states, per forward, at most: a 143-row forward (a prompt chunk beside 63
-# decode rows) at a 32K context needs 152 MB
-SPLIT_SCRATCH_BYTES = 384 << 20
-# lanes whose context is over a quarter of the forward's longest walk "long" key ranges: where
-# few programs walk them (a prompt chunk deep in a long prompt beside short decode lanes) the
-# forward splits, whatever the short lanes' programs (lanes/mixed_graphs.py)
-LONG_SHARE = 4
+SPLIT_SCRATCH_BYTES = 64 << 20  # the partitions' states, per forward, at most
+# A forward whose long-context tiles are few, beside short lanes (a prompt chunk of a few query
+# tiles deep in a long prompt, beside decode rows), splits those tiles' partitions whatever the
+# short lanes' programs, with a larger scratch (a 143-row forward at 32K needs 152 MB). H100, 8B
+# heads, 32K context (bench.kernels.attention --chunks): a 16-query chunk 321 us split against
+# 631 walked by one program per tile; 80 queries 546 against 612; 256 queries 1,174 against
+# 608, so past a few tiles walking is faster.
+FEW_LONG_PROGRAMS = 48
+FEW_LONG_SCRATCH_BYTES = 384 << 20
+LONG_SHARE = 4  # a lane whose context is over 1/LONG_SHARE of the longest is a long one
 BLOCK_ROWS = 64  # rows per program: BLOCK_Q queries x GROUP heads, padded to a power of two
 # long prompts: twice the rows per program (8 warps), so each key tile loaded serves more queries.
 # A row's bits do not depend on how many rows share its tensor-core tile (checked on the H200:
@@ -507,11 +510,14 @@ def paged_attention(
     # the programs that walk long key ranges: where they are few, their partitions are split
     long_programs = max(1, (num_tiles if meta.long_tiles < 0 else meta.long_tiles) * hkv)
     if split is None:
+        few_programs = num_tiles * hkv < SPLIT_BELOW_PROGRAMS
         split = (
             max_parts > 1
-            and long_programs < SPLIT_BELOW_PROGRAMS
-            and scratch_bytes <= SPLIT_SCRATCH_BYTES
             and block_r < WIDE_ROWS
+            and (
+                (few_programs and scratch_bytes <= SPLIT_SCRATCH_BYTES)
+                or (long_programs <= FEW_LONG_PROGRAMS and scratch_bytes <= FEW_LONG_SCRATCH_BYTES)
+            )
         )
     if not (t and num_tiles):
         return out
