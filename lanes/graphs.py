@@ -280,10 +280,7 @@ class DecodeGraphs:
             log_first_use("forward graph (lanes, tokens)", (lanes, tokens), start)
         self._fill(g, steps)
         fill_pending(g.input_ids, range(0, len(steps) * tokens, tokens), steps, previous_tokens)
-        if g.graph is None:
-            g.logits, g.hidden = g.forward()
-        else:
-            g.graph.replay()
+        replay(g)
         self.num_replays += 1
         if self.states is not None:
             self._states_after(g, steps)
@@ -383,14 +380,30 @@ class DecodeGraphs:
         g.ctx_len.fill_(tokens)
         g.positions.copy_(torch.arange(tokens, device=self.device).repeat(lanes))
 
-        def forward():
-            return self.decoder.forward(g.batch, self.kv), self.decoder.last_hidden
-
-        if self.eager:
-            g.forward = forward
-        else:
-            g.graph, (g.logits, g.hidden) = capture(self.pool, forward)
+        record(g, self.decoder, self.kv, self.pool, self.eager)
         return g
+
+
+def record(g, decoder: Decoder, kv, pool, eager: bool) -> None:
+    """A bucket's forward over its static batch `g.batch`: captured as a CUDA graph (g.graph,
+    with the static logits and final-norm rows each replay refreshes), or with `eager` kept in
+    g.forward to run at each replay (the CPU tests of the bucket layouts)."""
+
+    def forward():
+        return decoder.forward(g.batch, kv), decoder.last_hidden
+
+    if eager:
+        g.forward = forward
+    else:
+        g.graph, (g.logits, g.hidden) = capture(pool, forward)
+
+
+def replay(g) -> None:
+    """Run a bucket recorded by `record`: its graph, or its forward where it has none."""
+    if g.graph is None:
+        g.logits, g.hidden = g.forward()
+    else:
+        g.graph.replay()
 
 
 def capture(pool, body):

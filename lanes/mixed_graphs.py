@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from lanes.batch import ForwardBatch, fill_pending
-from lanes.graphs import DecodeGraphs, capture, log_first_use, valid_slots
+from lanes.graphs import DecodeGraphs, log_first_use, record, replay, valid_slots
 from lanes.kernels.attention import AttentionMeta, block_q_for
 from lanes.lane_rows import LaneRows
 
@@ -190,10 +190,7 @@ class MixedGraphs:
         self._fill(g, rows)
         n, chunk = len(rows) - 1, rows[-1]
         fill_pending(g.input_ids, [*range(n), g.lanes], rows, previous_tokens)
-        if g.graph is None:
-            g.logits, g.hidden = g.forward()
-        else:
-            g.graph.replay()
+        replay(g)
         self.num_replays += 1
         hidden = g.hidden
         r = chunk.num_tokens
@@ -282,13 +279,7 @@ class MixedGraphs:
         g.q_start[1], g.num_q[0], g.num_q[1] = lanes + chunk, chunk, pad
         g.ctx_len[0], g.ctx_len[1] = chunk, pad
 
-        def forward():
-            return self.decoder.forward(g.batch, self.kv), self.decoder.last_hidden
-
-        if self.eager:
-            g.forward = forward
-        else:
-            g.graph, (g.logits, g.hidden) = capture(self.pool, forward)
+        record(g, self.decoder, self.kv, self.pool, self.eager)
         return g
 
 
