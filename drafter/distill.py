@@ -145,17 +145,23 @@ def read_or_write_everyday(
     path: Path | None, count: int, generate, seed: int, log
 ) -> list[list[dict]]:
     """`count` everyday prompts: read from `path` when it holds them, else written by the target
-    (and saved to `path`)."""
+    (and saved to `path`). A file holding fewer keeps them: only the rest are written, from a
+    seed of their own (the same seed would plan the same topics again)."""
+    kept: list[list[dict]] = []
     if path is not None and Path(path).is_file():
-        chats = json.loads(Path(path).read_text())["prompts"][:count]
-        if len(chats) == count:
+        kept = json.loads(Path(path).read_text())["prompts"]
+        if len(kept) >= count:
             log(f"everyday: {count} prompts read from {path}")
-            return chats
+            return kept[:count]
     if not count:
         return []
     started = time.perf_counter()
-    chats = everyday_prompts(count, generate, seed)
-    log(f"everyday: {count} prompts written by the target in {time.perf_counter() - started:.1f} s")
+    more = everyday_prompts(count - len(kept), generate, seed + len(kept))
+    log(
+        f"everyday: {len(more)} prompts written by the target in "
+        f"{time.perf_counter() - started:.1f} s, after {len(kept)} read back"
+    )
+    chats = kept + more
     if path is not None:
         Path(path).write_text(json.dumps({"seed": seed, "prompts": chats}) + "\n")
     return chats

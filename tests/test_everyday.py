@@ -107,3 +107,21 @@ def test_everyday_file_is_read_back_instead_of_rewritten(tmp_path):
     assert read_or_write_everyday(path, 12, refuse, 0, logs.append) == made
     assert "read from" in logs[0]
     assert read_or_write_everyday(path, 8, refuse, 0, logs.append) == made[:8]
+
+
+def test_everyday_file_with_fewer_prompts_is_extended_not_rewritten(tmp_path):
+    from lanes.drafter.distill import read_or_write_everyday
+
+    path = tmp_path / "everyday.json"
+    generate, _ = _fake_target(["What is a good first question?"])
+    first = read_or_write_everyday(path, 12, generate, 0, lambda m: None)
+    asked = []
+
+    def counting(chats, max_new_tokens, temperature):
+        asked.append(len(chats))
+        return generate(chats, max_new_tokens, temperature)
+
+    grown = read_or_write_everyday(path, 20, counting, 0, lambda m: None)
+    assert grown[:12] == first and len(grown) == 20
+    assert sum(asked) <= 8 * 2  # only the 8 new prompts were written (questions, then firsts)
+    assert read_or_write_everyday(path, 20, counting, 0, lambda m: None) == grown
