@@ -228,6 +228,7 @@ def costs_now(engine) -> dict:
 
     return {
         "plain_round_ms": ms(costs.forward),
+        "plain_rounds_ms": [ms(x) for x in costs.plain_seconds],  # the median's window
         "per_draft_ms": ms(costs.per_draft),
         "per_draft_step_ms": ms(costs.per_draft_step),
         "device_samples": driver.costs.samples,
