@@ -15,13 +15,14 @@ tokens, so
 
 and the engine drafts the k <= max_k with the best rate, none when rate(0) is best: drafting
 never makes a lane slower than the measured costs say it would. The costs are running averages
-of decode-only rounds; until a plain and a drafted round have both been measured, k follows the
-acceptance alone (speculation.choose_num_drafts). `forward` is the median of the last PLAIN_WINDOW
-plain rounds rather than a running average: a few slow plain rounds (ones that waited on other
-work launched before them, say) must not set the price of every plain round after them. A lane that stopped drafting drafts one token
-every PROBE_EVERY rounds, and every PLAIN_EVERY-th round drafts nothing, so acceptance and the
-plain cost stay measured as they drift. Where drafting would not pay even if every draft were
-kept (`could_pay` false), the drafter may skip prompt chunks (lanes/drafting.py).
+of decode-only rounds, except `forward`: the median of the last PLAIN_WINDOW plain rounds, so
+that a few slow ones (rounds that waited on other work launched before them, say) do not set
+the price of every plain round after them. Until a plain and a drafted round have both been
+measured, k follows the acceptance alone (speculation.choose_num_drafts). A lane that stopped
+drafting drafts one token every PROBE_EVERY rounds, and every PLAIN_EVERY-th round drafts
+nothing, so acceptance and the plain cost stay measured as they drift. Where drafting would not
+pay even if every draft were kept (`could_pay` false), the drafter may skip prompt chunks
+(lanes/drafting.py).
 """
 
 from __future__ import annotations
