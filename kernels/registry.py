@@ -17,6 +17,7 @@ from lanes.kernels import (
     expert_matmul,
     kv_write,
     matmul,
+    moe_route,
     rmsnorm,
     rope,
     sampling,
@@ -301,6 +302,27 @@ def _expert_cases(dtype, device, gen):
     return out
 
 
+def _route_cases(dtype, device, gen):
+    """Router logits of 8, 60 and 256 experts (Qwen3.5-35B-A3B's count); k of 1, 2 and 8; a
+    row of ties, which rank by expert id."""
+    out = []
+    for n, e, k, normalise in [(1, 8, 2, True), (19, 60, 4, False), (5, 256, 8, True)]:
+        logits = _rand((n, e), dtype, device, gen, 3.0)
+        out.append((logits, k, normalise))
+    tied = torch.zeros((3, 16), dtype=dtype, device=device)
+    tied[1, 5:9] = 1.0
+    out.append((tied, 3, True))
+    return out
+
+
+def _combine_cases(dtype, device, gen):
+    out = []
+    for n, k, hidden in [(1, 2, 96), (23, 8, 1100), (4, 1, 64)]:
+        weights = torch.softmax(torch.randn((n, k), generator=gen), dim=-1)
+        out.append((_rand((n * k, hidden), dtype, device, gen), weights.to(device, dtype)))
+    return out
+
+
 def _expert_run(x, w, experts):
     """The kernel with its tile table made from the routing, as TritonOps.experts does."""
     tiles = expert_matmul.expert_tiles(experts.reshape(-1), w.shape[0])
@@ -438,6 +460,30 @@ REGISTRY: list[KernelSpec] = [
         "grouped on the device into 16-slot tiles of one expert; a grid fixed by (slots, E)",
         _LOW,
         _expert_cases,
+    ),
+    KernelSpec(
+        "route_experts",
+        moe_route.route_experts,
+        moe_route.ref_route_experts,
+        (torch.float32, torch.bfloat16),
+        True,
+        "router logits [n, E]: a program per token, fp32 softmax, the k best by k passes of a "
+        "max (ties to the lower id), renormalised if asked; experts equal to the stable sort's",
+        {torch.float32: (1e-6, 1e-7), torch.bfloat16: (1e-6, 1e-7)},
+        _route_cases,
+    ),
+    KernelSpec(
+        "combine_experts",
+        moe_route.combine_experts,
+        moe_route.ref_combine_experts,
+        (torch.float32, torch.bfloat16),
+        True,
+        "outputs [n * k, hidden] contiguous, weights [n, k]; each token's weighted sum in its "
+        "rank order, every product and sum rounded as torch's elementwise ops: the same bits "
+        "(float32 checked bitwise; bf16 to a tolerance, because Triton's CPU interpreter does "
+        "not round float32 to bf16 to nearest as the GPU and torch do)",
+        {torch.float32: (0.0, 0.0), torch.bfloat16: (5e-2, 1e-1)},
+        _combine_cases,
     ),
     KernelSpec(
         "greedy_tokens",

@@ -21,6 +21,7 @@ from lanes.batch import ForwardBatch
 from lanes.kernels import attention_cpu, rows_cpu
 from lanes.kernels.delta_rule import DeltaRuleWeights, delta_rule_steps, ref_gated_delta_lanes
 from lanes.kernels.mamba2 import Mamba2Rule, mamba2_steps, ref_ssd_scan_lanes
+from lanes.kernels.moe_route import ref_combine_experts, ref_route_experts
 from lanes.kernels.packed_linear_cpu import float_linear, packed_linear, takes, takes_float
 from lanes.packed import OUT_TILE, PackedWeight
 
@@ -115,6 +116,20 @@ class Ops:
             slots = (chosen == e).nonzero().squeeze(1)
             outputs[slots] = self.glu_linear(self.linear(x[slots // k], gate_up[e]), down[e])
         return outputs
+
+    def route_experts(
+        self, router_logits: torch.Tensor, k: int, normalise: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights fp32 [n, k], expert ids int64 [n, k]) from router logits [n, E], best
+        first: softmax in fp32, equal probabilities rank by expert id, the chosen weights
+        renormalised to sum to 1 if asked."""
+        return ref_route_experts(router_logits, k, normalise)
+
+    def combine_experts(self, outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """outputs [n * k, hidden] (as `experts` returns them), weights [n, k] in their dtype ->
+        [n, hidden]: each token's experts weighted and summed in its own rank order, best
+        first, not in an order set by the batch."""
+        return ref_combine_experts(outputs, weights)
 
     def attention_inputs(
         self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim: int, norms=None, eps=0.0

@@ -12,6 +12,7 @@ from lanes.kernels.expert_matmul import expert_matmul, expert_tiles
 from lanes.kernels.kv_write import kv_write
 from lanes.kernels.mamba2 import ssd_scan, ssd_scan_lanes
 from lanes.kernels.matmul import matmul
+from lanes.kernels.moe_route import combine_experts, route_experts
 from lanes.kernels.rmsnorm import add_rms_norm
 from lanes.kernels.rope import rope, rope_kv_write
 from lanes.ops import Ops
@@ -42,6 +43,15 @@ class TritonOps(Ops):
         tiles = expert_tiles(experts.reshape(-1), gate_up.shape[0])
         hidden = expert_matmul(x.contiguous(), gate_up, tiles, experts.shape[1])
         return expert_matmul(silu_mul(hidden), down, tiles, 1)
+
+    def route_experts(self, router_logits, k, normalise):
+        """One launch: a program per token (softmax, k passes of a max) in place of a softmax,
+        a stable sort over every expert and the slicing after it."""
+        return route_experts(router_logits, k, normalise)
+
+    def combine_experts(self, outputs, weights):
+        """One launch with the torch form's bits, in place of 2k - 1 elementwise ones."""
+        return combine_experts(outputs, weights)
 
     def attention_inputs(self, q, k, v, cos, sin, k_cache, v_cache, slots, rope_dim, norms, eps):
         if rope_dim != q.shape[-1]:  # partial RoPE (Qwen3.5): the unfused steps

@@ -51,6 +51,8 @@ def test_registry_is_complete():
         "gated_delta",
         "gated_delta_lanes",
         "expert_matmul",
+        "route_experts",
+        "combine_experts",
         "greedy_tokens",
         "sample_tokens",
     }
@@ -551,3 +553,23 @@ def test_expert_matmul_slots_do_not_depend_on_the_batch():
         down = expert_matmul(rows, w, expert_tiles(slots_experts, e), 1)
         first = expert_matmul(rows[k:], w, expert_tiles(experts[token], e), 1)
         assert torch.equal(down[k:], first)
+
+
+def test_routing_and_the_weighted_sum_do_not_depend_on_the_batch():
+    """A token's experts, weights and weighted sum alone and among 37 tokens: bitwise equal."""
+    from lanes.kernels.moe_route import combine_experts, route_experts
+
+    gen = torch.Generator().manual_seed(5)
+    n, e, k, hidden = 37, 64, 4, 200
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn((n, e), generator=gen) * 3).to(DEVICE, dtype)
+        outputs = torch.randn((n * k, hidden), generator=gen).to(DEVICE, dtype)
+        weights, experts = route_experts(logits, k, True)
+        total = combine_experts(outputs, weights.to(dtype))
+        for token in (0, 17, n - 1):
+            w, x = route_experts(logits[token : token + 1], k, True)
+            assert torch.equal(w, weights[token : token + 1])
+            assert torch.equal(x, experts[token : token + 1])
+            rows = outputs[token * k : token * k + k]
+            alone = combine_experts(rows, w.to(dtype))
+            assert torch.equal(alone, total[token : token + 1]), (dtype, token)

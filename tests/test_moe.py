@@ -10,7 +10,7 @@ import torch
 
 from lanes import EngineConfig, SamplingParams, build_engine
 from lanes.config import ConfigError, ModelConfig
-from lanes.models.moe import route
+from lanes.kernels.moe_route import ref_route_experts as route
 from tests.conftest import matches_transformers_over_chunks
 from tests.replay_drafts import drafted_equals_replayed
 
@@ -92,7 +92,7 @@ def test_drafted_equals_undrafted_with_ngram(moe):
 def test_on_the_triton_ops_experts_are_grouped_on_the_device(moe, monkeypatch):
     """The MoE through the Triton ops (interpreted on the CPU, native on a GPU): the routed
     MLPs run as grouped launches (kernels/expert_matmul.py), never the per-expert loop that reads
-    the routing on the host; greedy tokens equal transformers', seeded concurrent == solo and
+    the routing on the host, and the routing and weighted sum as a launch each; greedy tokens equal transformers', seeded concurrent == solo and
     drafted == undrafted bitwise."""
     from lanes.ops import Ops
 
@@ -100,6 +100,8 @@ def test_on_the_triton_ops_experts_are_grouped_on_the_device(moe, monkeypatch):
         raise AssertionError("the Triton ops ran the per-expert loop")
 
     monkeypatch.setattr(Ops, "experts", host_loop)
+    monkeypatch.setattr(Ops, "route_experts", host_loop)  # one launch: kernels/moe_route.py
+    monkeypatch.setattr(Ops, "combine_experts", host_loop)
     path, hf = moe
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base = dict(kernels="triton", device=device, dtype="float32", max_tokens_per_round=40)

@@ -2,7 +2,8 @@
 
 A router scores the experts for each token (softmax in fp32); the token goes to its
 `experts_per_token` best (ties broken towards the lower expert id, so the choice never depends
-on sort internals), optionally with the chosen weights renormalised to sum to 1. Each expert is
+on sort internals), optionally with the chosen weights renormalised to sum to 1
+(`Ops.route_experts`; on the GPU one launch, kernels/moe_route.py). Each expert is
 a SiLU MLP run on the rows routed to it. What keeps it batch-invariant: the expert linears are
 row-independent (a row's result does not depend on how many other rows chose that expert:
 `Ops.experts`; on the GPU one grouped launch per projection, kernels/expert_matmul.py), and
@@ -16,20 +17,6 @@ import torch
 from lanes.config import ModelConfig
 from lanes.models.weights import LayerWeights
 from lanes.ops import Ops
-
-
-def route(
-    router_logits: torch.Tensor, k: int, normalise: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights fp32 [n, k], expert ids int64 [n, k]) from router logits [n, experts], best
-    first; equal probabilities rank by expert id."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    ranked = torch.sort(probs, dim=-1, descending=True, stable=True)
-    weights, experts = ranked.values[:, :k], ranked.indices[:, :k]
-    if normalise:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, experts
-
 
 # Elementwise exp/sigmoid on the CPU runs SIMD over whole vectors and scalar code over a tensor's
 # tail, which round differently: a row of 8 experts landing in the tail would get other bits than
@@ -71,17 +58,14 @@ def route_groups(
 
 def moe_mlp(ops: Ops, x: torch.Tensor, layer: LayerWeights, cfg: ModelConfig) -> torch.Tensor:
     """x [n, hidden] -> [n, hidden]: each row's experts' outputs, weighted and summed."""
-    n, k = x.shape[0], cfg.experts_per_token
+    k = cfg.experts_per_token
     logits = ops.linear(x, layer.router)
     if cfg.router == "sigmoid_groups":
         weights, experts = route_groups(logits, layer.router_bias, k, cfg)
     else:
-        weights, experts = route(logits, k, cfg.norm_topk_prob)
-    weights = weights.to(x.dtype)
-    outputs = ops.experts(x, experts, layer.experts_gate_up, layer.experts_down).view(n, k, -1)
-    total = outputs[:, 0] * weights[:, :1]
-    for j in range(1, k):  # the token's own order: best expert first
-        total = total + outputs[:, j] * weights[:, j : j + 1]
+        weights, experts = ops.route_experts(logits, k, cfg.norm_topk_prob)
+    outputs = ops.experts(x, experts, layer.experts_gate_up, layer.experts_down)
+    total = ops.combine_experts(outputs, weights.to(x.dtype))  # best expert first
     if layer.shared_gate_up is not None and layer.shared_gate is None:  # GLM-4 MoE: ungated
         return total + ops.glu_linear(ops.linear(x, layer.shared_gate_up), layer.shared_down)
     if layer.shared_gate_up is not None:  # Qwen3.5-MoE: + sigmoid(gate) * a shared SiLU MLP
