@@ -149,30 +149,27 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/attention-h200.json")
     args = ap.parse_args()
     report = {"device": torch.cuda.get_device_name(), "heads": [HQ, HKV, D], "lengths": {}}
+    # (report key, what the log line starts with, the row's function and its arguments)
     if args.chunks:
-        for length in args.lengths:
-            for chunk in (16, 80, 256):
-                for decoders in (0, 63):
-                    row = chunk_row(length, chunk, decoders)
-                    report["lengths"][f"{length} chunk={chunk} decoders={decoders}"] = row
-                    print(length, chunk, decoders, json.dumps(row), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-        return
-    if args.decode:
-        for length in args.lengths:
-            for lanes in args.lanes:
-                for queries in (1, 5):
-                    row = decode_row(length, lanes, queries)
-                    report["lengths"][f"{length} lanes={lanes} queries={queries}"] = row
-                    print(length, lanes, queries, json.dumps(row), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-        return
-    for length in args.lengths:
-        row = length_row(length, args.baseline)
-        report["lengths"][str(length)] = row
-        print(length, json.dumps(row), flush=True)
+        cases = [
+            (f"{n} chunk={c} decoders={d}", (n, c, d), chunk_row, (n, c, d))
+            for n in args.lengths
+            for c in (16, 80, 256)
+            for d in (0, 63)
+        ]
+    elif args.decode:
+        cases = [
+            (f"{n} lanes={lanes} queries={q}", (n, lanes, q), decode_row, (n, lanes, q))
+            for n in args.lengths
+            for lanes in args.lanes
+            for q in (1, 5)
+        ]
+    else:
+        cases = [(str(n), (n,), length_row, (n, args.baseline)) for n in args.lengths]
+    for key, shown, row_of, row_args in cases:
+        row = row_of(*row_args)
+        report["lengths"][key] = row
+        print(*shown, json.dumps(row), flush=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 
