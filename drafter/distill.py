@@ -383,6 +383,10 @@ def save(head: EagleHead, cfg: ModelConfig, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(hf_config(cfg, num_layers=1), indent=2) + "\n")
 
 
+def _device_rounds_run(engine) -> int:
+    return engine.device_rounds.num_rounds if engine.device_rounds is not None else 0
+
+
 def held_out_acceptance(
     target: Checkpoint,
     drafter: str | Path,
@@ -391,27 +395,44 @@ def held_out_acceptance(
     device: str,
     num_draft_tokens: int = 4,
     draft_branches: int = 1,
+    device_rounds: bool | None = None,
+    batch: int | None = None,
 ) -> dict:
     """Mean drafts kept per verify step at k = `num_draft_tokens` (no adaptive k), greedy and at
     temperature 0.7 (coupled), on prompts not trained on; and that the drafted output is the
     undrafted one. `drafter`: any `--drafter` spec (a distill directory, DIR+ngram, ngram);
-    `draft_branches`: trees of that many branches (lanes.drafter.eagle_branches)."""
+    `draft_branches`: trees of that many branches (lanes.drafter.eagle_branches);
+    `device_rounds`: EngineConfig's (False: host-managed rounds only, for a comparison);
+    `batch`: the prompts sent in groups of this many, one group after another (None: one
+    batch)."""
     cfg = EngineConfig(
         device=device,
         drafter=str(drafter),
         num_draft_tokens=num_draft_tokens,
         adaptive_drafts=False,
         draft_branches=draft_branches,
+        device_rounds=device_rounds,
     )
     engine = build_engine(checkpoint=target, config=cfg)
+    size = batch or max(1, len(prompts))
+
+    def generate(params: list[SamplingParams]) -> list:
+        return [
+            c
+            for i in range(0, len(prompts), size)
+            for c in engine.generate(prompts[i : i + size], params[i : i + size])
+        ]
+
     result = {}
     for name, temp in (("greedy", 0.0), ("temperature_0.7", SAMPLED_TEMPERATURE)):
         params = [
             SamplingParams(max_tokens=new_tokens, temperature=temp, seed=1000 + i)
             for i in range(len(prompts))
         ]
-        drafted = engine.generate(prompts, params)
-        plain = engine.generate(prompts, [dataclasses.replace(p, draft=False) for p in params])
+        device_rounds_before = _device_rounds_run(engine)
+        drafted = generate(params)
+        device_rounds_run = _device_rounds_run(engine) - device_rounds_before
+        plain = generate([dataclasses.replace(p, draft=False) for p in params])
         steps = sum(c.num_target_steps - 1 for c in drafted)  # the first token has no drafts
         kept = sum(c.num_accepted for c in drafted)
         result[name] = {
@@ -420,6 +441,7 @@ def held_out_acceptance(
                 sum(len(c.token_ids) for c in drafted) / max(1, steps), 3
             ),
             "tokens": sum(len(c.token_ids) for c in drafted),
+            "device_rounds_run": device_rounds_run,
             "drafted_equals_undrafted": all(
                 a.token_ids == b.token_ids for a, b in zip(drafted, plain, strict=True)
             ),

@@ -2,6 +2,7 @@
 
     python -m bench.drafters.acceptance [--set corpus|everyday] [--drafters ngram,DIR,DIR+ngram]
         [--prompts 6] [--new-tokens 128] [--k 4] [--branches 1,3] [--device cpu]
+        [--device-rounds auto|off|both] [--batch N]
 
 --set corpus: drafter/corpus.py chat prompts drawn with seed 12345 (training uses seed 0).
 --set everyday: bench/data/everyday_prompts.json, what users send (coding, math, writing,
@@ -10,7 +11,11 @@ advice, science, trivia, multi-turn, system prompts, documents + a question; nev
 drafter.distill.held_out_acceptance (the check `lanes distill` ends with); generation stops at
 end-of-sequence or after --new-tokens. Per drafter and temperature: drafts kept per verify step,
 tokens per verify step (kept drafts + the target's own token), the share of output tokens that
-came from kept drafts, and whether the drafted output equals the undrafted one. Writes
+came from kept drafts, and whether the drafted output equals the undrafted one.
+--device-rounds both: every run twice, with drafted rounds on the device where they can run
+(the default) and host-managed only; the head's drafts should be kept as often in both.
+--batch N: the prompts in groups of N, one group after another (batch 1: as one user sends
+them). Writes
 bench/results/drafter-acceptance-[everyday-]<device>.json.
 """
 
@@ -58,6 +63,8 @@ def main() -> None:
     ap.add_argument("--branches", default="1", help="draft branches per lane, comma-separated")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--set", default="corpus", choices=["corpus", "everyday"])
+    ap.add_argument("--device-rounds", default="auto", choices=["auto", "off", "both"])
+    ap.add_argument("--batch", type=int, default=None, help="prompts per group (all: one)")
     args = ap.parse_args()
 
     ckpt = open_checkpoint(args.model)
@@ -69,18 +76,26 @@ def main() -> None:
         chats = chat_prompts(args.prompts, seed=12345, sources=sources)
         categories = ["corpus"] * len(chats)
     rows = []
-    runs = [(spec, int(w)) for spec in args.drafters.split(",") for w in args.branches.split(",")]
-    for spec, width in runs:
+    rounds = {"auto": [None], "off": [False], "both": [None, False]}[args.device_rounds]
+    runs = [
+        (spec, int(w), dr)
+        for spec in args.drafters.split(",")
+        for w in args.branches.split(",")
+        for dr in rounds
+    ]
+    for spec, width, dr in runs:
         measured = held_out_acceptance(
-            ckpt, spec, chats, args.new_tokens, args.device, args.k, width
+            ckpt, spec, chats, args.new_tokens, args.device, args.k, width, dr, args.batch
         )
         for temp, m in zip((0.0, SAMPLED_TEMPERATURE), measured.values(), strict=True):
             row = {
                 "drafter": spec.replace(str(SHIPPED), "shipped"),
                 "branches": width,
+                "device_rounds": "auto" if dr is None else "off",
                 "temperature": temp,
                 **summarise(m["by_prompt"]),
                 "drafted_equals_undrafted": m["drafted_equals_undrafted"],
+                "device_rounds_run": m["device_rounds_run"],
             }
             if args.set == "everyday":
                 row["by_category"] = {
@@ -99,9 +114,13 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "k": args.k,
         "branches": args.branches,
+        "device_rounds": args.device_rounds,
+        "batch": args.batch or len(chats),
     }
     name = "drafter-acceptance-" + ("everyday-" if args.set == "everyday" else "") + args.device
     name += "" if args.branches == "1" else "-branches"
+    name += "" if args.device_rounds == "auto" else f"-rounds-{args.device_rounds}"
+    name += "" if args.batch is None else f"-b{args.batch}"
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
 
