@@ -329,3 +329,48 @@ def test_device_round_costs_predict_a_loss_by_lane_count():
     assert not costs.predicts_loss(16, low + 0.01, k, forward)
     assert not costs.predicts_loss(4, 0.0, k, forward)  # another lane count: not measured
     assert not costs.predicts_loss(16, 0.0, k, None)  # no plain round measured
+
+
+def test_device_round_drafts_are_the_heads_training_passes(head_dir, plain, tmp_path):
+    """What the head drafts in a device round is what its training passes give over the lane's
+    text and the target's features: rounds keep 0 .. k drafts (the oracle's), so the catch-up
+    reads the verify's rows at every kept count and the drafts chain on the head's own rows.
+    Output equality cannot see this (a wrong draft is only rejected); a head fed the wrong
+    rows would keep fewer drafts than it was trained to. Negative control: the same passes
+    over features one row off give other drafts."""
+    from tests.test_distill import _random_head, _training_drafts
+
+    target_dir, _ = head_dir
+    head = _random_head(target_dir, tmp_path / "eagle", 256)  # the fixture's head (seed 0)
+    engine = _engine((target_dir, tmp_path / "eagle"), device_rounds=True)
+    dr = engine.device_rounds
+    own_sample = dr.sample
+    oracle = _with_oracle(engine, plain)
+    calls = []  # per head sample: the lanes, draft positions, the head's own and the oracle's
+
+    def recording(logits, positions, params):
+        out = oracle(logits, positions, params)
+        own = own_sample(logits, positions, params)
+        calls.append((list(dr.lanes), positions.tolist(), own.tolist(), out.tolist()))
+        return out
+
+    dr.sample = recording
+    engine.generate(PROMPTS[:2], dataclasses.replace(PARAMS, max_tokens=12))
+    k = dr.k
+    assert calls and len(calls) % k == 0 and oracle.kept == set(range(k + 1))
+    scorer = build_engine(str(target_dir))
+    checked, shifted_differ = 0, False
+    for r in range(0, len(calls), k):
+        lanes = calls[r][0]
+        for i, lane in enumerate(lanes):
+            text = list(lane.prompt_ids) + plain[tuple(lane.prompt_ids)].token_ids
+            first = calls[r][1][i]  # where draft 1 stands: the lane knows the tokens before it
+            if first > len(text):
+                continue  # a round past the lane's end
+            drafts = tuple(calls[r + m][3][i] for m in range(k))
+            own = tuple(calls[r + m][2][i] for m in range(k))
+            assert own == _training_drafts(head, scorer, text[:first], drafts), (r, i)
+            shifted = _training_drafts(head, scorer, text[:first], drafts, True)
+            shifted_differ |= own != shifted
+            checked += 1
+    assert checked >= 4 and shifted_differ
