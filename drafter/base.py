@@ -150,6 +150,12 @@ class Proposer:
         buffer the next forward reuses), which the drafter may keep as it is."""
         return None
 
+    def cached_prefix_blocks(self, lane: LaneView, num_blocks: int) -> int:
+        """Of the lane's first `num_blocks` blocks (the target's prompt-cache hit), how many
+        leading ones this proposer holds rows for without the target's features (all, by
+        default: only drafters that read features need the target to compute a block)."""
+        return num_blocks
+
     def device_rounds(self, target, num_drafts: int, eager: bool = False, branches: int = 1):
         """A lanes.device_rounds.DeviceRounds drafting with this proposer on the target's
         runner, where it can draft on the device alone; None (the default): rounds stay

@@ -268,6 +268,11 @@ class EagleDrafter(Proposer):
             shadow.num_published = len(blocks)
         return shadow
 
+    def cached_prefix_blocks(self, lane: LaneView, num_blocks: int) -> int:
+        bs = self.config.block_size
+        n = max(0, min(num_blocks, len(lane.block_keys), (lane.num_known - 2) // bs))
+        return self.cache.num_matching(self._keys(lane, n))
+
     def _keys(self, lane: LaneView, n: int) -> list[bytes]:
         """Keys of the drafter's first n blocks: the target's block key and the next token."""
         bs = self.config.block_size

@@ -240,13 +240,9 @@ def test_eagle_drafter_exact_with_cache_hits_and_concurrency(tiny_models, tmp_pa
     assert engine.proposer.pool.num_used == engine.proposer.cache.num_cached > 0
 
 
-def _drafts_of_two_runs(target_dir, out, drafter_cache: bool, prompt_len: int = 50):
-    engine = build_engine(
-        str(target_dir), EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False)
-    )
-    if not drafter_cache:
-        engine.proposer.cache.max_blocks = 0  # publishes are declined
-    runs, calls = [], []
+def _record_first_lane_drafts(engine) -> list:
+    """From now on, each propose call's drafts of its first lane, appended to the list."""
+    calls = []
     propose = engine.proposer.propose
 
     def recording(lanes, num_drafts):
@@ -255,6 +251,16 @@ def _drafts_of_two_runs(target_dir, out, drafter_cache: bool, prompt_len: int = 
         return drafts
 
     engine.proposer.propose = recording
+    return calls
+
+
+def _drafts_of_two_runs(target_dir, out, drafter_cache: bool, prompt_len: int = 50):
+    engine = build_engine(
+        str(target_dir), EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False)
+    )
+    if not drafter_cache:
+        engine.proposer.cache.max_blocks = 0  # publishes are declined
+    runs, calls = [], _record_first_lane_drafts(engine)
     prompt = list(range(10, 10 + prompt_len))
     for _ in range(2):
         calls.clear()
@@ -263,18 +269,27 @@ def _drafts_of_two_runs(target_dir, out, drafter_cache: bool, prompt_len: int = 
     return runs
 
 
-def test_eagle_drafter_cache_gives_a_cached_prompt_the_same_drafts(tiny_models, tmp_path):
+def test_eagle_drafter_cache_gives_a_cached_prompt_the_same_drafts(
+    tiny_models, tmp_path, monkeypatch
+):
     """The second run of a prompt hits the target's prompt cache (no features for those
-    positions); the drafter's own cache gives it the same drafts as the first run. Negative
-    control: without the drafter's cache the cached positions read zero features and the drafts
-    change."""
+    positions); the drafter's own cache gives it the same drafts as the first run. Without the
+    drafter's cache the target recomputes the prompt for the head (Scheduler._drafter_reach):
+    the same drafts, no hit. Negative control: without either, the cached positions read zero
+    features and the drafts change."""
+    from lanes.scheduler import Scheduler
+
     target_dir, _ = tiny_models["smollm2"]
     out = tmp_path / "eagle"
     _random_head(target_dir, out, 384)
     (first, fresh_cached), (second, hit_cached) = _drafts_of_two_runs(target_dir, out, True)
     assert fresh_cached == 0 and hit_cached >= 32 and len(first) > 3
     assert second == first
-    (first, _), (second, _) = _drafts_of_two_runs(target_dir, out, False)
+    (first, _), (second, recomputed) = _drafts_of_two_runs(target_dir, out, False)
+    assert second == first and recomputed == 0
+    with monkeypatch.context() as m:
+        m.setattr(Scheduler, "_drafter_reach", lambda self, lane, usable: usable)
+        (first, _), (second, _) = _drafts_of_two_runs(target_dir, out, False)
     assert second != first
     # a prompt of whole blocks: the drafter may hold every one of them, and still drafts
     (first, _), (second, hit) = _drafts_of_two_runs(target_dir, out, True, prompt_len=48)
@@ -447,3 +462,39 @@ def test_a_head_that_skipped_the_prompt_catches_up_exactly(tiny_models, tmp_path
         assert drafts == _training_drafts(head, scorer, known, drafts)
     (plain,) = scorer.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))
     assert got.token_ids == plain.token_ids
+
+
+def _drafts_after_an_undrafted_run(target_dir, out, first_undrafted: bool):
+    """The drafts of a drafted run of one prompt, on an engine that first ran it with
+    `draft: false` (or not at all), and that run's cached prompt tokens."""
+    engine = build_engine(
+        str(target_dir), EngineConfig(drafter=str(out), num_draft_tokens=3, adaptive_drafts=False)
+    )
+    prompt = list(range(10, 60))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    if first_undrafted:
+        engine.generate([prompt], dataclasses.replace(params, draft=False))
+    calls = _record_first_lane_drafts(engine)
+    (got,) = engine.generate([prompt], params)
+    return calls, got.cached_tokens
+
+
+def test_a_prompt_cached_by_an_undrafted_request_is_recomputed_for_the_head(
+    tiny_models, tmp_path, monkeypatch
+):
+    """A prompt first sent with `draft: false` is in the target's prompt cache but not the
+    head's (the head never ran): a drafted request of it has the target recompute the prompt
+    (within a prefill chunk), so the head drafts from real features, as on a fresh engine.
+    Negative control: taking the whole cached prefix, the head reads zeros and drafts
+    otherwise."""
+    from lanes.scheduler import Scheduler
+
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 384)
+    fresh, _ = _drafts_after_an_undrafted_run(target_dir, out, False)
+    after, cached = _drafts_after_an_undrafted_run(target_dir, out, True)
+    assert len(fresh) > 3 and after == fresh and cached == 0
+    monkeypatch.setattr(Scheduler, "_drafter_reach", lambda self, lane, usable: usable)
+    after, cached = _drafts_after_an_undrafted_run(target_dir, out, True)
+    assert cached >= 32 and after != fresh
