@@ -11,10 +11,11 @@ Contract:
 - With cost-aware drafts they are judged against a plain round's measured time and pause (for
   the same requests) where they do not pay; they do not start where the lanes' acceptance
   predicts a clear loss at this lane count (`DeviceRoundCosts.predicts_loss`), except every
-  DEVICE_RETRY rounds. A lane they could carry is not drafted host-managed meanwhile
-  (`declines`): on the engines that have them a host-managed drafted round costs several device
-  rounds (H200, 16 lanes: 6.5-30 ms against 2.6 ms), so where they do not pay, it pays less;
-  nor does the head compute prompt chunks then (`skips_prefill`; it catches up when it drafts).
+  `retry_every` rounds (DEVICE_RETRY, doubled by each pause at that lane count). A lane
+  they could carry is not drafted host-managed meanwhile (`declines`): on the engines that
+  have them a host-managed drafted round costs several device rounds (H200, 16 lanes: 6.5-30
+  ms against 2.6 ms), so where they do not pay, it pays less; nor does the head compute prompt
+  chunks then (`skips_prefill`; it catches up when it drafts).
 - A launch that raises turns them off for this engine (logged); what is in flight is still
   taken.
 """
@@ -24,13 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from lanes.draft_costs import (
-    DEVICE_MEASURE,
-    DEVICE_PAUSE,
-    DEVICE_RETRY,
-    DEVICE_STALE,
-    DeviceRoundCosts,
-)
+from lanes.draft_costs import DEVICE_MEASURE, DEVICE_PAUSE, DEVICE_STALE, DeviceRoundCosts
 from lanes.drafting import Drafting
 from lanes.lane import Lane, LaneState
 from lanes.output import Completion, Output
@@ -132,7 +127,7 @@ class DeviceRoundDriver:
     def _predicts_loss(self, lanes: Sequence[Lane]) -> bool:
         if not (self.drafting.cost_aware and lanes):
             return False
-        if self.metrics.num_rounds - self.started_at >= DEVICE_RETRY:
+        if self.metrics.num_rounds - self.started_at >= self.costs.retry_every(len(lanes)):
             return False  # measured again now and then: the acceptance may have moved
         d = self.drafting
         acceptance = sum(
@@ -182,6 +177,8 @@ class DeviceRoundDriver:
             c.seconds * 1e3,
             "not measured" if forward is None else f"{forward * 1e3:.2f} ms",
         )
+        if verdict == "pause":
+            c.paused_at(len(self.device_rounds.lanes))
         pause = DEVICE_PAUSE if verdict == "pause" else DEVICE_MEASURE
         self.paused_until = self.metrics.num_rounds + pause
         self.paused_for = frozenset(lane.request_id for lane in self.device_rounds.lanes)

@@ -106,8 +106,11 @@ DEVICE_STALE = 512  # rounds after which a plain round's measured time is measur
 # is judged by rounds that may lose, so only a clear loss skips it
 DEVICE_CLEAR = 1.1
 # rounds after which they start again (measured) whatever the prediction: each retry costs a
-# catch-up of the head's skipped rows and 8 rounds judged
+# catch-up of the head's skipped rows and 8 rounds judged. Every pause at a lane count doubles
+# its interval, up to DEVICE_RETRY_MAX: on an H100 at 64 lanes a retry's catch-up took 1.04 s
+# of a 1.5 s pass (0.56x of no drafter), more than 4,096 rounds of ~1.1 ms can win back
 DEVICE_RETRY = 4096
+DEVICE_RETRY_MAX = 2**17
 
 
 @dataclass
@@ -128,6 +131,17 @@ class DeviceRoundCosts:
     round_seconds: dict[int, float] = field(
         default_factory=dict
     )  # by lane count, weighted to the newest
+
+    retry_rounds: dict[int, int] = field(default_factory=dict)  # by lane count
+
+    def retry_every(self, num_lanes: int) -> int:
+        """Rounds after a start at which they start again at this lane count, whatever the
+        prediction."""
+        return self.retry_rounds.get(num_lanes, DEVICE_RETRY)
+
+    def paused_at(self, num_lanes: int) -> None:
+        """They did not pay at this lane count: retry it half as often."""
+        self.retry_rounds[num_lanes] = min(DEVICE_RETRY_MAX, 2 * self.retry_every(num_lanes))
 
     def record(self, tokens_per_lane: float, seconds: float, num_lanes: int = 0) -> None:
         self.total_tokens += tokens_per_lane

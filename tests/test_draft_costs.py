@@ -242,3 +242,19 @@ def test_a_few_slow_plain_rounds_do_not_price_every_plain_round():
     for _ in range(5):
         costs.record(0, 0, 2.0e-3, 0.0)
     assert costs.forward == pytest.approx(2.0e-3)
+
+
+def test_each_pause_at_a_lane_count_makes_its_retries_rarer():
+    """Device rounds predicted to lose start again after `retry_every` rounds whatever the
+    prediction; each pause at a lane count doubles that, up to DEVICE_RETRY_MAX, and leaves
+    other lane counts alone (a retry at 64 lanes cost more than 4,096 rounds could win back).
+    A fixed interval, as before, fails the second assertion."""
+    from lanes.draft_costs import DEVICE_RETRY, DEVICE_RETRY_MAX, DeviceRoundCosts
+
+    costs = DeviceRoundCosts()
+    assert costs.retry_every(64) == DEVICE_RETRY
+    costs.paused_at(64)
+    assert costs.retry_every(64) == 2 * DEVICE_RETRY and costs.retry_every(4) == DEVICE_RETRY
+    for _ in range(40):
+        costs.paused_at(64)
+    assert costs.retry_every(64) == DEVICE_RETRY_MAX
