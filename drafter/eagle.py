@@ -258,20 +258,22 @@ class EagleDrafter(Proposer):
         if shadow is None:
             shadow = _Shadow(lane, self.config.block_size, self._to_head_width)
             self.shadows[lane.request_id] = shadow
-            # the drafter's own cached blocks for the prefix the target found cached, leaving
-            # at least its newest known row to compute (propose needs that row's logits)
-            bs = self.config.block_size
-            usable = min(len(lane.block_keys), lane.num_computed // bs, (lane.num_known - 2) // bs)
+            # the drafter's own cached blocks for the prefix the target found cached
+            usable = self._reusable(lane, lane.num_computed // self.config.block_size)
             blocks = self.cache.match(self._keys(lane, usable))
             shadow.block_table.append(blocks)
             shadow.num_computed = len(blocks) * self.config.block_size
             shadow.num_published = len(blocks)
         return shadow
 
-    def cached_prefix_blocks(self, lane: LaneView, num_blocks: int) -> int:
+    def _reusable(self, lane: LaneView, num_blocks: int) -> int:
+        """Of the lane's first num_blocks blocks, how many the drafter may take from its cache:
+        it leaves at least its newest known row to compute (propose needs that row's logits)."""
         bs = self.config.block_size
-        n = max(0, min(num_blocks, len(lane.block_keys), (lane.num_known - 2) // bs))
-        return self.cache.num_matching(self._keys(lane, n))
+        return max(0, min(num_blocks, len(lane.block_keys), (lane.num_known - 2) // bs))
+
+    def cached_prefix_blocks(self, lane: LaneView, num_blocks: int) -> int:
+        return self.cache.num_matching(self._keys(lane, self._reusable(lane, num_blocks)))
 
     def _keys(self, lane: LaneView, n: int) -> list[bytes]:
         """Keys of the drafter's first n blocks: the target's block key and the next token."""

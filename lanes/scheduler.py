@@ -123,9 +123,8 @@ class Scheduler:
         prefix and has the target recompute at most one prefill chunk beyond it: a long cached
         document keeps most of its hit."""
         p, cfg = self.proposer, self.config
-        if p is None or not p.uses_target_hidden or not lane.params.draft:
-            return usable
-        if cfg.num_draft_tokens == 0:
+        drafts = p is not None and lane.params.draft and cfg.num_draft_tokens > 0
+        if not (drafts and p.uses_target_hidden):
             return usable
         held = p.cached_prefix_blocks(lane, usable)
         return min(usable, max(held, usable - cfg.prefill_chunk // cfg.block_size))
