@@ -240,8 +240,9 @@ class Drafting:
         """Hand an EAGLE-style drafter the target's features of the step's settled positions
         (up to `end`; by default the lane's computed ones)."""
         end = s.lane.num_computed if end is None else end
-        if hidden is not None and self.drafting(s.lane) and end > s.start:
-            self.proposer.observe(s.lane, s.start, hidden[: end - s.start])
+        if hidden is not None and end > s.start and self.drafting(s.lane):
+            n = end - s.start
+            self.proposer.observe(s.lane, s.start, hidden if hidden.shape[0] == n else hidden[:n])
 
     def accepted(self, lane: Lane) -> None:
         if self.proposer is not None:

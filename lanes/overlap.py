@@ -103,10 +103,11 @@ class Overlap:
         tokens, logprobs = last.results()
         now = self.execution.clock()
         ended = []
+        rows = None if last.hidden is None else last.hidden.split(1)  # one call, not a slice each
         for i, (s, token, logprob) in enumerate(zip(last.steps, tokens, logprobs, strict=True)):
             if s.lane.is_finished:
                 continue
-            hidden = None if last.hidden is None else last.hidden[i : i + 1]
+            hidden = None if rows is None else rows[i]
             try:
                 done = self.execution.take_tokens(s, [(token, logprob, None)], hidden, now)
             except Exception as e:

@@ -121,18 +121,19 @@ class RoundExecution:
 
     def run_forward(self, steps: Sequence[Step]) -> list[Completion]:
         logits = self.runner.execute(lane_rows(steps))  # [sum of num_logits, vocab], in order
-        hidden = None
+        hidden_rows = None  # each step's rows of the forward's features
         if self.drafting.observing and any(self.drafting.drafting(s.lane) for s in steps):
-            # one copy of the forward's rows for all its lanes (the next forward reuses them)
-            hidden = self.runner.last_hidden[: sum(s.num_rows for s in steps)].clone()
+            # one copy of the forward's rows for all its lanes (the next forward reuses them),
+            # split into the steps' views in one call rather than a slice per step
+            sizes = [s.num_rows for s in steps]
+            hidden_rows = self.runner.last_hidden[: sum(sizes)].clone().split(sizes)
         sampled, steps = self.verifier.read_back(steps, logits)
         ended = []
         chunk_ends = []  # mid-prompt chunks: computed once the forward completes
-        row = hidden_row = 0
+        row = 0
         now = None if sampled is None else self.clock()  # sampled: the read-back has synced
-        for s in steps:
-            rows_hidden = None if hidden is None else hidden[hidden_row : hidden_row + s.num_rows]
-            hidden_row += s.num_rows
+        for i, s in enumerate(steps):
+            rows_hidden = None if hidden_rows is None else hidden_rows[i]
             rows = slice(row, row + s.num_logits_rows)
             row += s.num_logits_rows
             try:
