@@ -317,7 +317,9 @@ class EagleDrafter(Proposer):
         # every drafting lane, every round, drafts or not: no tensor op where none is needed
         # (at 16 lanes on an H100, a slice, a same-dtype `to` and `len`s per lane cost ~0.1 ms
         # a round where the model's round takes ~1 ms)
-        shadow = self._shadow(lane)
+        shadow = self.shadows.get(lane.request_id)
+        if shadow is None:
+            shadow = self._shadow(lane)
         have = shadow.num_computed + shadow.num_pending
         if start > have:  # positions the drafter never saw: zeros (reduced: zeros still)
             shadow.mark_zero(have, start)

@@ -25,12 +25,11 @@ class HybridProposer(Proposer):
         self.lookup = lookup
         self.target_feature_layers = head.target_feature_layers
         self.target_features_prenorm = head.target_features_prenorm
+        # every drafting lane, every round: the head's own method, not one more call through
+        self.observe = head.observe
 
     def prefill(self, chunks: Sequence[Chunk]) -> None:
         self.head.prefill(chunks)
-
-    def observe(self, lane: LaneView, start: int, hidden) -> None:
-        self.head.observe(lane, start, hidden)
 
     def propose(
         self,

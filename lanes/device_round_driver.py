@@ -117,25 +117,35 @@ class DeviceRoundDriver:
         it drafts only in them (asked where they are not due)."""
         return self.drafting.cost_aware and self.device_rounds is not None and self._carries(lane)
 
-    def skips_prefill(self) -> bool:
+    def skips_prefill(self, num_lanes: int | None = None) -> bool:
         """With cost-aware drafts, whether device rounds predict a clear loss at the running
-        lanes, so that the head need not compute prompt chunks now (it catches up on them when
-        it next drafts): on an H100 at 16 lanes its prompt prefill took 0.10 s of a 0.48 s
-        drafted run where device rounds did not pay."""
-        return self.device_rounds is not None and self._predicts_loss(self.scheduler.running)
+        lanes (or at `num_lanes` of them: the count a lane being admitted will run among), so
+        that the head need not compute prompt chunks now (it catches up on them when it next
+        drafts): on an H100 at 16 lanes its prompt prefill took 0.10 s of a 0.48 s drafted
+        run where device rounds did not pay."""
+        return self.device_rounds is not None and self._predicts_loss(
+            self.scheduler.running, num_lanes
+        )
 
-    def _predicts_loss(self, lanes: Sequence[Lane]) -> bool:
-        if not (self.drafting.cost_aware and lanes):
+    def _predicts_loss(self, lanes: Sequence[Lane], num_lanes: int | None = None) -> bool:
+        """num_lanes: predicted at that many lanes, of the given lanes' mean acceptance (the
+        engine's running acceptance where none is given)."""
+        n = len(lanes) if num_lanes is None else num_lanes
+        if not (self.drafting.cost_aware and n):
             return False
-        if self.metrics.num_rounds - self.started_at >= self.costs.retry_every(len(lanes)):
+        if self.metrics.num_rounds - self.started_at >= self.costs.retry_every(n):
             return False  # measured again now and then: the acceptance may have moved
         d = self.drafting
-        acceptance = sum(
-            lane.acceptance_ema if lane.num_verify_steps else d.acceptance_prior for lane in lanes
-        ) / len(lanes)
-        return self.costs.predicts_loss(
-            len(lanes), acceptance, self.device_rounds.k, d.costs.forward
+        acceptance = (
+            sum(
+                lane.acceptance_ema if lane.num_verify_steps else d.acceptance_prior
+                for lane in lanes
+            )
+            / len(lanes)
+            if lanes
+            else d.acceptance_prior
         )
+        return self.costs.predicts_loss(n, acceptance, self.device_rounds.k, d.costs.forward)
 
     def _reserve_reach(self, lanes: Sequence[Lane]) -> bool:
         dr = self.device_rounds

@@ -58,12 +58,17 @@ class DraftCosts:
     per_draft: float | None = None  # seconds each verified draft token adds
     per_draft_step: float | None = None  # seconds per drafter step
     plain_seconds: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW), repr=False)
+    # (max_k, lanes, the costs) -> the highest acceptance seen whose best k was 0: best_k is
+    # asked of every drafting lane every round, and a lower acceptance cannot make a draft pay
+    # (each rate(k) grows with a), so those lanes skip the loop (cleared as the costs move)
+    _pays_not_up_to: dict = field(default_factory=dict, repr=False)
 
     def record(
         self, num_drafts: int, draft_steps: int, forward_seconds: float, drafter_seconds: float
     ) -> None:
         """One decode-only round: draft tokens verified, drafter steps run, the time of the
         target's forward and sampling, and the drafter's time."""
+        self._pays_not_up_to.clear()
         if num_drafts == 0:
             self.plain_seconds.append(forward_seconds)
             self.forward = statistics.median(self.plain_seconds)
@@ -85,6 +90,9 @@ class DraftCosts:
     def best_k(self, acceptance: float, max_k: int, num_lanes: int) -> int:
         """The draft length with the most tokens per second (0: not drafting pays best)."""
         assert self.forward is not None and self.per_draft_step is not None
+        key = (max_k, num_lanes, self.forward, self.per_draft, self.per_draft_step)
+        if acceptance <= self._pays_not_up_to.get(key, -1.0):
+            return 0
         best_k, best_rate = 0, num_lanes / self.forward * MARGIN
         tokens = float(num_lanes)
         for k in range(1, max_k + 1):
@@ -92,6 +100,8 @@ class DraftCosts:
             cost = self.forward + ((self.per_draft or 0.0) * num_lanes + self.per_draft_step) * k
             if tokens / cost > best_rate:
                 best_k, best_rate = k, tokens / cost
+        if best_k == 0:
+            self._pays_not_up_to[key] = max(acceptance, self._pays_not_up_to.get(key, -1.0))
         return best_k
 
 

@@ -84,7 +84,7 @@ class Drafting:
         # device rounds may run, which start from the drafter's computed rows, unless they
         # predict a loss at the running lanes (`device_skips_prefill`: the driver's judgement)
         self.lazy_prefill = True
-        self.device_skips_prefill: Callable[[], bool] = lambda: False
+        self.device_skips_prefill: Callable[..., bool] = lambda num_lanes=None: False
 
     @property
     def observing(self) -> bool:
@@ -98,17 +98,23 @@ class Drafting:
         """Draft slots for a decode lane: adaptive k, within what the lane may still emit."""
         if not self.drafting(lane):
             return 0
-        room = self._room(lane)
         if not lane.num_verify_steps:  # nothing of its own measured yet
             lane.acceptance_ema = self.acceptance_prior
-        k = self.config.num_draft_tokens
-        if self.config.adaptive_drafts:
-            k = choose_num_drafts(lane.acceptance_ema, k)
-            if self.cost_aware and not self.device_due:
-                if self.device_declines(lane):
-                    return 0
-                k = self._paying_drafts(lane, k, num_decoding)
-        return max(0, min(k, room))
+        cfg = self.config
+        # asked of every drafting lane every round: the answer that needs least work first
+        if cfg.adaptive_drafts and self.cost_aware and not self.device_due:
+            if self.device_declines(lane):
+                return 0
+            k = self._paying_drafts(
+                lane, choose_num_drafts(lane.acceptance_ema, cfg.num_draft_tokens), num_decoding
+            )
+            if not k:
+                return 0
+        elif cfg.adaptive_drafts:
+            k = choose_num_drafts(lane.acceptance_ema, cfg.num_draft_tokens)
+        else:
+            k = cfg.num_draft_tokens
+        return max(0, min(k, self._room(lane)))
 
     def round_drafts(self, running: Sequence[Lane]) -> Callable[[Lane, int], int]:
         """`num_drafts` for the round being planned over these lanes. With even drafts every
@@ -222,13 +228,7 @@ class Drafting:
         could not pay at any acceptance by the measured costs, or where device rounds predict a
         loss at the running lanes (which then draft in neither kind of round): then it catches
         up on them when it next drafts, and not at all for a request that never does."""
-        if self.proposer is None:
-            return
-        k = self.config.num_draft_tokens
-        costs = self.costs
-        if self.lazy_prefill and self.cost_aware and costs.measured and not costs.could_pay(k, 1):
-            return
-        if self.device_skips_prefill():  # only with cost-aware drafts (the driver's judgement)
+        if self.proposer is None or self.skips_prompts():
             return
         steps = [s for s in steps if self.drafting(s.lane)]
         if steps:
@@ -236,11 +236,21 @@ class Drafting:
             self.proposer.prefill([Chunk(s.lane, s.start, s.end) for s in steps])
             self.metrics.drafter_seconds += self.clock() - start
 
+    def skips_prompts(self, num_lanes: int | None = None) -> bool:
+        """Whether the drafter leaves prompt chunks to a later catch-up now (`prefill`), at the
+        running lanes or at num_lanes of them."""
+        costs, k = self.costs, self.config.num_draft_tokens
+        if self.lazy_prefill and self.cost_aware and costs.measured and not costs.could_pay(k, 1):
+            return True
+        return self.device_skips_prefill(num_lanes)  # only with cost-aware drafts
+
     def observe(self, s: Step, hidden: torch.Tensor | None, end: int | None = None) -> None:
         """Hand an EAGLE-style drafter the target's features of the step's settled positions
         (up to `end`; by default the lane's computed ones)."""
+        if hidden is None:
+            return
         end = s.lane.num_computed if end is None else end
-        if hidden is not None and end > s.start and self.drafting(s.lane):
+        if end > s.start and self.drafting(s.lane):
             n = end - s.start
             self.proposer.observe(s.lane, s.start, hidden if hidden.shape[0] == n else hidden[:n])
 

@@ -150,6 +150,7 @@ class Engine:
         )  # fmt: skip
         self.drafting.device_declines = self.device_driver.declines
         self.drafting.device_skips_prefill = self.device_driver.skips_prefill
+        self.scheduler.drafter_skips_prompts = self.drafting.skips_prompts
         self.overlap = Overlap(
             self.execution, self.scheduler, self.drafting, self.output, self.book,
             hybrid=self.recurrent is not None, device_rounds_due=self.device_driver.due,

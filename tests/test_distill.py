@@ -498,3 +498,33 @@ def test_a_prompt_cached_by_an_undrafted_request_is_recomputed_for_the_head(
     monkeypatch.setattr(Scheduler, "_drafter_reach", lambda self, lane, usable: usable)
     after, cached = _drafts_after_an_undrafted_run(target_dir, out, True)
     assert cached >= 32 and after != fresh
+
+
+def test_a_drafted_lane_takes_the_whole_hit_where_its_head_would_skip_the_prompt(
+    tiny_models, tmp_path
+):
+    """Where drafting is predicted to lose (here: measured costs no acceptance could beat), the
+    head leaves prompt chunks to a later catch-up, so a drafted request takes the target's whole
+    prompt-cache hit rather than have the target recompute a prompt for features nobody reads;
+    its output equals the undrafted one. Negative control: with costs that can pay, the same
+    request has its prompt recomputed (cached 0)."""
+    from lanes.draft_costs import DraftCosts
+
+    target_dir, _ = tiny_models["smollm2"]
+    out = tmp_path / "eagle"
+    _random_head(target_dir, out, 384)
+    prompt = list(range(10, 60))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    cached = {}
+    for name, step_seconds in (("lose", 1.0), ("pay", 1e-6)):
+        engine = build_engine(
+            str(target_dir),
+            EngineConfig(drafter=str(out), num_draft_tokens=3, cost_aware_drafts=True),
+        )
+        (plain,) = engine.generate([prompt], dataclasses.replace(params, draft=False))
+        engine.drafting.costs = DraftCosts(forward=1e-3, per_draft=0.0, per_draft_step=step_seconds)
+        assert engine.drafting.skips_prompts() == (name == "lose")
+        (got,) = engine.generate([prompt], params)
+        assert got.token_ids == plain.token_ids
+        cached[name] = got.cached_tokens
+    assert cached["lose"] >= 32 and cached["pay"] == 0

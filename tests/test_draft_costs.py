@@ -27,6 +27,24 @@ def test_best_k_follows_costs_and_acceptance():
     assert busy.best_k(0.6, 4, 1) > busy.best_k(0.6, 4, 64)
 
 
+def test_best_k_remembered_below_a_losing_acceptance_is_the_loop_s_answer():
+    """best_k skips its loop for an acceptance at or below one that gave 0 with the same costs
+    (each k's rate grows with the acceptance): every answer equals a fresh DraftCosts' loop, in
+    any order of acceptances, lane counts and cost changes."""
+    rng = random.Random(3)
+    costs = DraftCosts(forward=2e-3, per_draft=0.05e-3, per_draft_step=0.6e-3)
+    for step in range(3000):
+        if step % 200 == 199:  # the costs move: what was remembered no longer holds
+            costs.record(0, 0, rng.uniform(0.5e-3, 4e-3), 0.0)
+        a, k, n = rng.random(), rng.randint(1, 5), rng.choice([1, 4, 16, 64])
+        fresh = DraftCosts(costs.forward, costs.per_draft, costs.per_draft_step)
+        assert costs.best_k(a, k, n) == fresh.best_k(a, k, n), (step, a, k, n)
+    assert costs._pays_not_up_to  # the shortcut was taken
+    # negative control: a shortcut that ignored the acceptance would answer 0 where drafts pay
+    costs = DraftCosts(forward=2e-3, per_draft=0.0, per_draft_step=0.2e-3)
+    assert costs.best_k(0.01, 4, 1) == 0 and costs.best_k(0.95, 4, 1) == 4
+
+
 def test_record_keeps_running_costs():
     costs = DraftCosts()
     assert not costs.measured
