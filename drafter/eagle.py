@@ -185,14 +185,29 @@ class _Shadow:
         """Rows from num_computed whose target features the drafter holds."""
         return (0 if self._features is None else self._features.shape[0]) + self._num_arrived
 
-    def add(self, rows: torch.Tensor) -> None:
-        """The target's features of the next rows: a view of the forward's rows, which the
+    def observe(self, start: int, rows: torch.Tensor, dtype: torch.dtype) -> None:
+        """The target's features of rows from `start`: a view of the forward's rows, which the
         caller copied once for all its lanes (a copy per lane cost a launch per lane per round).
-        Views are joined every `_JOIN_EVERY` rounds, so that a lane that seldom drafts does
-        not keep many forwards' rows alive. (Runs for every drafting lane every round, drafts
-        or not: `shape[0]`, not a tensor's slower `len`.)"""
-        self._arrived.append(rows)
-        self._num_arrived += rows.shape[0]
+        Rows already held are dropped, rows never seen before `start` held as zeros. Views are
+        joined every `_JOIN_EVERY` rounds, so that a lane that seldom drafts does not keep many
+        forwards' rows alive.
+
+        Runs for every drafting lane every round, drafts or not: one call, and no tensor op
+        where none is needed (at 16 lanes on an H100, a slice, a same-dtype `to` and `len`s
+        per lane cost ~0.1 ms a round where the model's round takes ~1 ms)."""
+        f = self._features
+        have = self.num_computed + (0 if f is None else f.shape[0]) + self._num_arrived
+        if start > have:  # positions the drafter never saw: zeros (reduced: zeros still)
+            self.mark_zero(have, start)
+            rows = torch.cat([rows.new_zeros((start - have, rows.shape[1])), rows])
+            start = have
+        if have > start:
+            rows = rows[have - start :]
+        n = rows.shape[0]
+        if not n:
+            return
+        self._arrived.append(rows if rows.dtype == dtype else rows.to(dtype))
+        self._num_arrived += n
         if len(self._arrived) >= _JOIN_EVERY:
             self._arrived = [torch.cat(self._arrived)]
 
@@ -314,21 +329,10 @@ class EagleDrafter(Proposer):
         return hidden if self.reduce is None else self.ops.linear(hidden, self.reduce)
 
     def observe(self, lane: LaneView, start: int, hidden: torch.Tensor) -> None:
-        # every drafting lane, every round, drafts or not: no tensor op where none is needed
-        # (at 16 lanes on an H100, a slice, a same-dtype `to` and `len`s per lane cost ~0.1 ms
-        # a round where the model's round takes ~1 ms)
         shadow = self.shadows.get(lane.request_id)
         if shadow is None:
             shadow = self._shadow(lane)
-        have = shadow.num_computed + shadow.num_pending
-        if start > have:  # positions the drafter never saw: zeros (reduced: zeros still)
-            shadow.mark_zero(have, start)
-            hidden = torch.cat([hidden.new_zeros((start - have, hidden.shape[1])), hidden])
-            start = have
-        if have > start:
-            hidden = hidden[have - start :]
-        if hidden.shape[0]:
-            shadow.add(hidden if hidden.dtype == self._zero.dtype else hidden.to(self._zero.dtype))
+        shadow.observe(start, hidden, self._zero.dtype)
 
     def prefill(self, chunks: Sequence[Chunk]) -> None:
         """Catch up on prompt chunks in the same round, leaving the newest row to `propose`

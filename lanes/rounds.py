@@ -63,6 +63,8 @@ class Step:
     @property
     def num_rows(self) -> int:
         """The step's rows in the forward: its own and its branches'."""
+        if not self.branches:  # asked of every step of a drafting round: the common case first
+            return self.end - self.start
         return self.num_tokens + sum(1 + len(b) for b in self.branches)
 
     @property
