@@ -122,9 +122,20 @@ class Drafting:
         some lanes draft and others do not, or draft fewer, has no graph and runs eagerly (on
         the H200, the default model at 64 lanes: ~17 ms a round where a replay takes ~1 ms),
         while an extra verify row costs a replay little."""
+        decoding = [lane for lane in running if lane.state is LaneState.DECODE]
+        n = len(decoding)
+        if self._none_can_pay(n):  # one answer for the round, not a question per lane
+
+            def none(lane: Lane, num_decoding: int) -> int:
+                # asked at fewer lanes (the planner preempted some), which may pay: each lane
+                # answers then, as without this shortcut (even drafts keep the round's answer)
+                if self.even_drafts or num_decoding >= n:
+                    return 0
+                return self.num_drafts(lane, num_decoding)
+
+            return none
         if not self.even_drafts:
             return self.num_drafts
-        decoding = [lane for lane in running if lane.state is LaneState.DECODE]
         ks = {id(lane): self.num_drafts(lane, len(decoding)) for lane in decoding}
         most = max(ks.values(), default=0)
         if most:
@@ -137,6 +148,22 @@ class Drafting:
             return self.num_drafts(lane, num_decoding) if k is None else k
 
         return planned
+
+    def _none_can_pay(self, num_decoding: int) -> bool:
+        """Whether every lane's cost-aware answer is 0 this round, whatever its acceptance:
+        costs measured, no probe due, and no k pays at num_decoding lanes even were every
+        draft kept (best_k grows with the acceptance). At load on an H100 that is most rounds,
+        and asking each lane cost the host more than the round's own work at 16 lanes."""
+        cfg, costs = self.config, self.costs
+        return (
+            self.proposer is not None
+            and cfg.adaptive_drafts
+            and self.cost_aware
+            and not self.device_due
+            and costs.measured
+            and self.metrics.num_rounds % self.probe_every != 0
+            and not costs.could_pay(cfg.num_draft_tokens, max(1, num_decoding))
+        )
 
     @property
     def probe_every(self) -> int:

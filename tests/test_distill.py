@@ -442,7 +442,8 @@ def test_a_head_that_skipped_the_prompt_catches_up_exactly(tiny_models, tmp_path
     cfg = EngineConfig(drafter=str(out), num_draft_tokens=3, cost_aware_drafts=True)
     engine = build_engine(str(target_dir), cfg)
     engine.drafting.costs = DraftCosts(forward=1.0, per_draft=1.0, per_draft_step=1.0)
-    engine.drafting.num_drafts = lambda lane, n: 3 if lane.num_known % 5 == 0 else 0
+    forced = lambda lane, n: 3 if lane.num_known % 5 == 0 else 0  # noqa: E731 (drafts forced)
+    engine.drafting.round_drafts = lambda running: forced
     prefilled, seen = [], []
     prefill, propose = engine.proposer.prefill, engine.proposer.propose
     engine.proposer.prefill = lambda chunks: (prefilled.append(len(chunks)), prefill(chunks))

@@ -223,6 +223,43 @@ def test_a_graphed_round_drafts_evenly():
     assert drafts(even=True) == [4, 4, 1, 0]
 
 
+def test_a_round_where_no_draft_can_pay_answers_as_each_lane_would():
+    """round_drafts answers a round where no k pays at its lane count once for all lanes: the
+    same answers as asking each lane, in probe rounds, plain-measuring rounds and others, with
+    even drafts and without, and where the planner asks at fewer lanes (which may pay)."""
+    from lanes.drafting import Drafting
+    from lanes.lane import LaneState
+    from lanes.metrics import EngineMetrics
+
+    # pays at 1 lane with drafts mostly kept, at no acceptance at 16 lanes
+    costs = DraftCosts(forward=1e-3, per_draft=0.5e-3, per_draft_step=0.1e-3)
+    assert costs.could_pay(4, 1) and not costs.could_pay(4, 16)
+    lanes = [make_lane(i, [1, 2, 3], max_tokens=100) for i in range(16)]
+    for i, lane in enumerate(lanes):
+        lane.state = LaneState.DECODE
+        lane.num_verify_steps, lane.acceptance_ema = 3, (i + 1) / 16
+    shortcuts = 0
+    for even in (False, True):
+        metrics = EngineMetrics()
+        drafting = Drafting(
+            EngineConfig(num_draft_tokens=4), _Probed({}, 1.0, 8), metrics,
+            lambda lane: 10_000, lambda: 0.0, cost_aware=True, device_drafts=False,
+            even_drafts=even,
+        )  # fmt: skip
+        drafting.costs = costs
+        for r in range(140):
+            metrics.num_rounds = r
+            shortcuts += drafting._none_can_pay(16)
+            planned = drafting.round_drafts(lanes)
+            drafting._none_can_pay = lambda n: False  # the answers without the shortcut
+            asked = drafting.round_drafts(lanes)
+            del drafting._none_can_pay
+            for n in (16, 1):
+                assert [planned(x, n) for x in lanes] == [asked(x, n) for x in lanes], (even, r)
+        assert drafting.num_drafts(lanes[-1], 1) > 0  # at 1 lane drafts pay
+    assert shortcuts > 200  # the shortcut answered most rounds
+
+
 def test_the_drafter_skips_prompt_chunks_only_while_drafting_cannot_pay():
     from lanes.rounds import Step
 
