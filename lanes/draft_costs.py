@@ -61,7 +61,7 @@ class DraftCosts:
     # (max_k, lanes, the costs) -> the highest acceptance seen whose best k was 0: best_k is
     # asked of every drafting lane every round, and a lower acceptance cannot make a draft pay
     # (each rate(k) grows with a), so those lanes skip the loop (cleared as the costs move)
-    _pays_not_up_to: dict = field(default_factory=dict, repr=False)
+    _pays_not_up_to: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def record(
         self, num_drafts: int, draft_steps: int, forward_seconds: float, drafter_seconds: float
