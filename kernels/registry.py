@@ -13,6 +13,7 @@ import torch
 from lanes.kernels import (
     activation,
     attention,
+    chunked_delta,
     delta_rule,
     expert_matmul,
     kv_write,
@@ -283,6 +284,35 @@ def _delta_lanes_cases(dtype, device, gen):
     return out
 
 
+def _chunked_delta_cases(dtype, device, gen):
+    """One lane's rows through the chunked form: 5 rows from a chunk start, and 90 rows after
+    30 carried ones (crossing two chunk boundaries)."""
+    from lanes.kernels.chunked_delta import ChunkCarry, ref_chunked_gated_delta
+
+    out = []
+    for carried, rows in ((0, 5), (30, 90)):
+        w = _delta_weights(dtype, device, gen)
+        conv = _rand((w.taps.shape[0], w.taps.shape[1] - 1), torch.float32, device, gen)
+        state = _rand((w.value_heads, w.key_dim, w.value_dim), torch.float32, device, gen, 0.1)
+        carry = ChunkCarry.start(conv, state, 128)
+        if carried:
+            mixed, _, b, a = _delta_rows(w, carried, dtype, device, gen)
+            _, carry = ref_chunked_gated_delta(mixed, None, b, a, carry, w)
+        out.append((*_delta_rows(w, rows, dtype, device, gen), carry, w))
+    return out
+
+
+def _carry_run(fn):
+    """A chunked form's output with its carry's tensors (position checked by the caller)."""
+
+    @functools.wraps(fn)
+    def run(mixed, z, b, a, carry, w):
+        out, after = fn(mixed, z, b, a, carry, w)
+        return out, after.conv, after.state, after.k, after.v, after.beta, after.g
+
+    return run
+
+
 def _expert_cases(dtype, device, gen):
     """Tokens routed to k of E experts: one token, a batch whose experts repeat (tiles of
     several slots, one expert with more than a tile), and slots already in expert order (k = 1,
@@ -439,6 +469,17 @@ REGISTRY: list[KernelSpec] = [
         "one lane's rows; dk, dv powers of two; one program per value head, rows in order",
         _LOW,
         _delta_cases,
+    ),
+    KernelSpec(
+        "chunked_gated_delta",
+        _carry_run(chunked_delta.chunked_gated_delta),
+        _carry_run(chunked_delta.ref_chunked_gated_delta),
+        (torch.float32, torch.bfloat16),
+        True,
+        "one lane's rows in 64-row chunks at absolute positions (the carry holds the current "
+        "chunk's rows); dk, dv powers of two from 16",
+        _LOW,
+        _chunked_delta_cases,
     ),
     KernelSpec(
         "gated_delta_lanes",

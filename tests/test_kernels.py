@@ -49,6 +49,7 @@ def test_registry_is_complete():
         "kv_write",
         "paged_attention",
         "gated_delta",
+        "chunked_gated_delta",
         "gated_delta_lanes",
         "expert_matmul",
         "route_experts",
