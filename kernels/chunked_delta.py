@@ -104,7 +104,7 @@ def _l2(x):
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
 
 
-def _span(carry: ChunkCarry, q, k, v, beta, g):
+def span_rows(carry: ChunkCarry, q, k, v, beta, g):
     """The rows from the carry's chunk start to the last new row, padded with zero rows to
     whole chunks: (q, k, v, beta, g), float32. q is zero on the carried rows, whose outputs
     were given by an earlier forward."""
@@ -143,7 +143,7 @@ def ref_chunked_gated_delta(mixed, z, b, a, carry: ChunkCarry, w: DeltaRuleWeigh
             if z is None
             else mixed.new_empty((0, w.value_heads, w.value_dim), dtype=w.norm.dtype)
         ), carry
-    span = _span(carry, *ref_features(mixed, b, a, carry.conv, w))
+    span = span_rows(carry, *ref_features(mixed, b, a, carry.conv, w))
     q, k, v, beta, g = span
     whole = (n + t) // CHUNK
     r = torch.arange(CHUNK, device=mixed.device)
@@ -344,6 +344,36 @@ def _scan_kernel(
     tl.store(state_out_ptr + s_offs, S)
 
 
+def chunks_forward(q, k, v, beta, g, state, num_whole: int):
+    """The chunk and scan kernels over a span of whole chunks (span_rows' tensors) from the
+    state before it: (S^T q of every row [rows, value_heads, dv], S after the first num_whole
+    chunks), float32."""
+    rows, hv, dk = k.shape
+    dv, dev, f32 = v.shape[2], k.device, torch.float32
+    check(rows % CHUNK == 0, f"a span of whole {CHUNK}-row chunks, not {rows} rows")
+    num_chunks = rows // CHUNK
+    mats = [
+        torch.empty((num_chunks, hv, CHUNK, d), dtype=f32, device=dev) for d in (dk, dv, dk, dk)
+    ]
+    p = torch.empty((num_chunks, hv, CHUNK, CHUNK), dtype=f32, device=dev)
+    last = torch.empty((num_chunks, hv), dtype=f32, device=dev)
+    stable = interpreting()
+    launch = {} if stable else {"num_warps": _WARPS}
+    _chunk_kernel[(num_chunks, hv)](
+        *(x.contiguous() for x in (q, k, v, beta, g)), *mats, p, last,
+        HV=hv, DK=dk, DV=dv, C=CHUNK, ROW_STABLE=stable, **launch, **unfused_launch(),
+    )  # fmt: skip
+    o = torch.empty((rows, hv, dv), dtype=f32, device=dev)
+    state_after = torch.empty_like(state)
+    block_v = min(dv, _BLOCK_V)
+    _scan_kernel[(hv, dv // block_v)](
+        *mats, p, last, state.contiguous(), o, state_after, num_chunks, num_whole,
+        HV=hv, DK=dk, DV=dv, C=CHUNK, BLOCK_V=block_v, ROW_STABLE=stable, **launch,
+        **unfused_launch(),
+    )  # fmt: skip
+    return o, state_after
+
+
 def chunked_gated_delta(mixed, z, b, a, carry: ChunkCarry, w: DeltaRuleWeights):
     """As ref_chunked_gated_delta (same arguments and results), through the kernels."""
     hk, hv, dk, dv = w.key_heads, w.value_heads, w.key_dim, w.value_dim
@@ -368,28 +398,9 @@ def chunked_gated_delta(mixed, z, b, a, carry: ChunkCarry, w: DeltaRuleWeights):
         mixed.stride(0), b.stride(0), a.stride(0), dk**-0.5, L2_EPS,
         HK=hk, HV=hv, DK=dk, DV=dv, KERNEL=kernel, BLOCK_T=_BLOCK_T, **unfused_launch(),
     )  # fmt: skip
-    span = _span(carry, *new)
-    num_chunks = span[0].shape[0] // CHUNK
-    mats = [
-        torch.empty((num_chunks, hv, CHUNK, d), dtype=f32, device=dev) for d in (dk, dv, dk, dk)
-    ]
-    p = torch.empty((num_chunks, hv, CHUNK, CHUNK), dtype=f32, device=dev)
-    last = torch.empty((num_chunks, hv), dtype=f32, device=dev)
-    stable = interpreting()
-    launch = {} if stable else {"num_warps": _WARPS}
-    _chunk_kernel[(num_chunks, hv)](
-        *(x.contiguous() for x in span), *mats, p, last,
-        HV=hv, DK=dk, DV=dv, C=CHUNK, ROW_STABLE=stable, **launch, **unfused_launch(),
-    )  # fmt: skip
-    o = torch.empty((num_chunks * CHUNK, hv, dv), dtype=f32, device=dev)
-    state = torch.empty_like(carry.state)
-    block_v = min(dv, _BLOCK_V)
+    span = span_rows(carry, *new)
     n = carry.num_partial
-    _scan_kernel[(hv, dv // block_v)](
-        *mats, p, last, carry.state.contiguous(), o, state, num_chunks, (n + t) // CHUNK,
-        HV=hv, DK=dk, DV=dv, C=CHUNK, BLOCK_V=block_v, ROW_STABLE=stable, **launch,
-        **unfused_launch(),
-    )  # fmt: skip
+    o, state = chunks_forward(*span, carry.state, (n + t) // CHUNK)
     out = None
     if z is not None:
         out = torch.empty((t, hv, dv), dtype=w.norm.dtype, device=dev)
