@@ -408,3 +408,27 @@ def chunked_gated_delta(mixed, z, b, a, carry: ChunkCarry, w: DeltaRuleWeights):
             o[n : n + t], z, w.norm, out, z.stride(0), w.eps, HV=hv, DV=dv, **unfused_launch()
         )
     return out, _carry_after(carry, mixed, span, state)
+
+
+def slot_shape(value_heads: int, dk: int, dv: int) -> tuple[int, int, int]:
+    """A carry's tensors (but the conv window) in one state-pool slot per layer, per value
+    head: S, then the current chunk's k, v, beta and g rows (cache/state_pool.py stores it as
+    it stores the recurrent form's S)."""
+    return (value_heads, 1, dk * dv + CHUNK * (dk + dv + 2))
+
+
+def carry_from_slot(conv: torch.Tensor, slot: torch.Tensor, position: int, dk: int, dv: int):
+    """The carry a slot [value_heads, 1, ...] (slot_shape) holds after `position` rows."""
+    hv = slot.shape[0]
+    s, k, v, beta, g = slot.reshape(hv, -1).split(
+        [dk * dv, CHUNK * dk, CHUNK * dv, CHUNK, CHUNK], 1
+    )
+    rows = lambda x, *d: x.reshape(hv, CHUNK, *d).transpose(0, 1)  # noqa: E731
+    return ChunkCarry(conv, s.reshape(hv, dk, dv), rows(k, dk), rows(v, dv), beta.T, g.T, position)
+
+
+def slot_from_carry(carry: ChunkCarry) -> torch.Tensor:
+    """carry_from_slot's inverse: the slot's tensor [value_heads, 1, ...]."""
+    hv = carry.state.shape[0]
+    parts = [carry.state, carry.k.transpose(0, 1), carry.v.transpose(0, 1), carry.beta.T, carry.g.T]
+    return torch.cat([x.reshape(hv, -1) for x in parts], dim=1)[:, None, :]

@@ -61,7 +61,7 @@ def build_engine(
         checkpoint or open_checkpoint(model, keeps_gguf_packed(cfg, parallel)), cfg
     )
     dtype = getattr(torch, cfg.torch_dtype_name)
-    ops = make_ops(cfg.exact, cfg.device, cfg.kernels)
+    ops = make_ops(cfg.exact, cfg.device, cfg.kernels, cfg.delta_rule)
     decoder = build_decoder(ckpt, ops, dtype, cfg.device)
     if parallel is not None:
         local = shard_config(ckpt.config, parallel.world)
@@ -71,11 +71,11 @@ def build_engine(
     per_block = KVPool.bytes_per_block(
         len(mc.attention_layers), cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype
     )
-    budget = cfg.kv_cache_bytes - _state_bytes(mc, cfg.max_lanes)
+    budget = cfg.kv_cache_bytes - _state_bytes(mc, cfg.max_lanes, ops.chunked_delta)
     if mc.is_hybrid and budget < per_block:
         raise ConfigError(
             f"--kv-cache-bytes {cfg.kv_cache_bytes} does not hold the recurrent state of "
-            f"{cfg.max_lanes} lanes ({_state_bytes(mc, cfg.max_lanes)} bytes) and one KV block"
+            f"{cfg.max_lanes} lanes ({_state_bytes(mc, cfg.max_lanes, ops.chunked_delta)} bytes) and one KV block"
         )
     runner = build_runner(
         decoder, max(1, budget // per_block), cfg, dtype, mixed_graphs=cfg.mixed_graphs
@@ -118,7 +118,7 @@ def _verify_rows_are_dear(decoder: Decoder) -> bool:
     return isinstance(qkv, PackedWeight) and packed_linear_cpu.takes(qkv)
 
 
-def _state_bytes(mc, lanes: int) -> int:
+def _state_bytes(mc, lanes: int, chunked: bool) -> int:
     """What a hybrid model's recurrent-state slots take of the KV budget (0 for others): one
     per lane and the scratch slot of CUDA-graph padding lanes."""
     if not mc.is_hybrid:
@@ -126,7 +126,7 @@ def _state_bytes(mc, lanes: int) -> int:
     from lanes.cache.state_pool import StatePool
     from lanes.models.recurrent_layout import recurrent_layout
 
-    layout = recurrent_layout(mc)
+    layout = recurrent_layout(mc, chunked)
     return (lanes + 1) * StatePool.bytes_per_slot(len(mc.linear_layers), layout.conv, layout.state)
 
 

@@ -363,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--exact", action="store_true", default=True, help="batch-invariant ops (default)"
     )
     mode.add_argument("--fast", action="store_true", help="plain torch ops (not batch-invariant)")
+    model.add_argument(
+        "--delta-rule", choices=("recurrent", "chunked"), default="recurrent",
+        help="hybrids' gated DeltaNet layers: row by row, or in 64-row chunks at absolute "
+        "positions (Triton kernels; such models then run without CUDA graphs)",
+    )  # fmt: skip
     spec.add_argument("--drafter", default="none", help="none, ngram, or a drafter model")
     spec.add_argument("--num-draft-tokens", type=int, default=4)
     spec.add_argument(

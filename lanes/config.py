@@ -340,6 +340,9 @@ class EngineConfig:
     state_snapshot_bytes: int = 256 * 2**20
     exact: bool = True  # batch-invariant ops; False selects plain torch (the negative control)
     kernels: str = "auto"  # "auto": Triton on CUDA in exact mode, else torch; "triton"; "torch"
+    # hybrids' DeltaNet layers: "recurrent" (row by row) or "chunked" (64-row chunks at absolute
+    # positions, kernels/chunked_delta.py; Triton ops, no CUDA graphs for those models yet)
+    delta_rule: str = "recurrent"
     cuda_graphs: bool = True  # replay decode/verify forwards as CUDA graphs (Triton ops on CUDA)
     # with cuda_graphs: also a round's decode rows beside a prompt chunk of at most 512 tokens
     # (lanes/mixed_graphs.py; attention-only models)
@@ -409,6 +412,8 @@ class EngineConfig:
             raise ConfigError(f"draft_branches must be in [1, 8], got {self.draft_branches}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ConfigError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
+        if self.delta_rule not in ("recurrent", "chunked"):
+            raise ConfigError(f"delta_rule must be recurrent or chunked, not {self.delta_rule!r}")
         if self.verify_mode not in ("coupled", "rejection"):
             raise ConfigError(f"verify_mode must be coupled or rejection, not {self.verify_mode!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

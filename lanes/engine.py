@@ -84,7 +84,10 @@ class Engine:
         self.recurrent = None
         if runner.kv.states is not None:
             settle = runner.decoder.settle_states
-            self.recurrent = RecurrentStates(runner.kv.states, cfg.state_snapshot_bytes, bs, settle)
+            self.recurrent = RecurrentStates(
+                runner.kv.states, cfg.state_snapshot_bytes, bs, settle,
+                runner.decoder.ops.chunked_delta,
+            )  # fmt: skip
         self.pool = BlockPool(runner.num_blocks)
         self.cache = PromptCache(
             self.pool, checkpoint.fingerprint, cfg.prompt_cache_bytes // self.bytes_per_block

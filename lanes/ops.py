@@ -49,6 +49,9 @@ class Ops:
 
     name: str
     is_batch_invariant: bool
+    # DeltaNet layers in chunks anchored at absolute positions (kernels/chunked_delta.py) rather
+    # than row by row; their state slots then hold a ChunkCarry (recurrent_layout)
+    chunked_delta: bool = False
 
     def linear(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out]. A PackedWeight is
@@ -146,11 +149,12 @@ class Ops:
         return q
 
     def delta_rule(
-        self, mixed, z, b, a, conv, state, w: DeltaRuleWeights
+        self, mixed, z, b, a, conv, state, w: DeltaRuleWeights, position: int = 0
     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-        """One lane's rows through a DeltaNet layer's conv and gated delta rule (the torch form in
-        kernels/delta_rule.py): (out [T, value_heads, dv], or None without z; conv and state
-        after the last row). Position by position, in a fixed order: batch-invariant."""
+        """One lane's rows from `position` through a DeltaNet layer's conv and gated delta rule
+        (the torch form in kernels/delta_rule.py): (out [T, value_heads, dv], or None without
+        z; conv and state after the last row). Position by position, in a fixed order:
+        batch-invariant (the row-by-row form does not need the position)."""
         return delta_rule_steps(mixed, z, b, a, conv, state, w)
 
     def delta_rule_lanes(

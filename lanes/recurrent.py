@@ -5,7 +5,8 @@ The rule stays the engine's one rule (computed tokens catch up with known tokens
 only has to agree with `num_computed`:
 - admission: a lane resumes a cached prefix only as far as a snapshot reaches (the longest run
   of matched blocks whose last block has one); its slot is loaded from that snapshot;
-- after a prompt chunk whose end is block-aligned, the state there becomes a snapshot, keyed by
+- after a prompt chunk whose end is block-aligned (with the chunked DeltaNet form: chunk-aligned
+  too), the state there becomes a snapshot, keyed by
   the prompt cache's key of the block ending there — copied right after the chunk's forward is
   launched (in stream order, before the next chunk moves the state), so cancel_prefill, which
   ends the lane between forwards, leaves the latest one (and the blocks up to it, published by
@@ -21,10 +22,12 @@ only has to agree with `num_computed`:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from lanes.cache.state_pool import StatePool
 from lanes.cache.state_snapshots import StateSnapshots
+from lanes.kernels import chunked_delta as chunked_form
 from lanes.lane import Lane
 
 # (pool, slot, num_computed): the slot advanced over a verify step's accepted rows
@@ -33,12 +36,20 @@ Settle = Callable[[StatePool, int, int], None]
 
 class RecurrentStates:
     def __init__(
-        self, pool: StatePool, snapshot_bytes: int, block_size: int, settle: Settle
+        self,
+        pool: StatePool,
+        snapshot_bytes: int,
+        block_size: int,
+        settle: Settle,
+        chunked_delta: bool = False,
     ) -> None:
         self.pool = pool
         self._settle = settle
         self.snapshots = StateSnapshots(snapshot_bytes)
         self.block_size = block_size
+        # snapshots at block ends; the chunked form's slot carries the current chunk's rows, so
+        # there only at chunk ends that are block ends, where those rows are none
+        self.stride = math.lcm(block_size, chunked_form.CHUNK) if chunked_delta else block_size
 
     def resumable(self, keys: list[bytes]) -> int:
         """Of a matched prefix of blocks with these keys, how many a lane can resume."""
@@ -56,7 +67,7 @@ class RecurrentStates:
         """The lane's state at a block-aligned `position` (by default num_computed) inside its
         keyed blocks: a snapshot."""
         n, bs = lane.num_computed if position is None else position, self.block_size
-        if n == 0 or n % bs or n // bs > len(lane.block_keys):
+        if n == 0 or n % self.stride or n // bs > len(lane.block_keys):
             return
         key = lane.block_keys[n // bs - 1]
         if key in self.snapshots:

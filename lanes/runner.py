@@ -206,7 +206,7 @@ def build_runner(
         from lanes.cache.state_pool import StatePool
         from lanes.models.recurrent_layout import recurrent_layout
 
-        layout = recurrent_layout(mc)
+        layout = recurrent_layout(mc, decoder.ops.chunked_delta)
         kv.states = StatePool(
             config.max_lanes, len(mc.linear_layers), layout.conv, layout.state, config.device,
             deferred_widths=layout.deferred_widths,
@@ -219,6 +219,7 @@ def build_runner(
         and config.device.startswith("cuda")
         and decoder.ops.name == "triton"
         and decoder.comm is None
+        and not (mc.is_hybrid and decoder.ops.chunked_delta)  # no lanes form of it yet
     ):
         from lanes.graphs import DecodeGraphs
         from lanes.mixed_graphs import MixedGraphs

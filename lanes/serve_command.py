@@ -51,6 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
         device=device,
         dtype=args.dtype,
         exact=not args.fast,
+        delta_rule=args.delta_rule,
         drafter=drafter,
         num_draft_tokens=num_drafts,
         draft_branches=args.draft_branches,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lanes.batch import ForwardBatch
+from lanes.kernels import chunked_delta
 from lanes.kernels.activation import silu_mul
 from lanes.kernels.attention import make_meta, paged_attention, rows_for
 from lanes.kernels.delta_rule import gated_delta, gated_delta_lanes
@@ -21,6 +22,9 @@ from lanes.ops import Ops
 class TritonOps(Ops):
     name = "triton"
     is_batch_invariant = True
+
+    def __init__(self, chunked_delta: bool = False) -> None:
+        self.chunked_delta = chunked_delta
 
     def prepare(self, batch: ForwardBatch) -> ForwardBatch:
         if batch.attn_meta is not None:  # static layout of a CUDA graph
@@ -72,14 +76,21 @@ class TritonOps(Ops):
     def rope(self, x, cos, sin):
         return rope(x.contiguous(), cos, sin)
 
-    def delta_rule(self, mixed, z, b, a, conv, state, w):
+    def delta_rule(self, mixed, z, b, a, conv, state, w, position=0):
         """One launch for a lane's rows (a program per value head walks them in order) instead
-        of a dozen torch calls per row and layer."""
-        return gated_delta(mixed, z, b, a, conv, state, w)
+        of a dozen torch calls per row and layer; or, with chunked_delta, the chunked form from
+        the carry the slot holds (four launches)."""
+        if not self.chunked_delta:
+            return gated_delta(mixed, z, b, a, conv, state, w)
+        carry = chunked_delta.carry_from_slot(conv, state, position, w.key_dim, w.value_dim)
+        out, after = chunked_delta.chunked_gated_delta(mixed, z, b, a, carry, w)
+        return out, after.conv, chunked_delta.slot_from_carry(after)
 
     def delta_rule_lanes(
         self, mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
     ):
+        if self.chunked_delta:  # make_runner builds no graphs for them
+            raise NotImplementedError("chunked DeltaNet layers have no CUDA-graph form yet")
         return gated_delta_lanes(
             mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
         )

@@ -7,6 +7,7 @@ same shape in the same run (issue 18's GPU figures).
     python -m bench.speed.hybrid --shape qwen3-30b-a3b-like   (or qwen3.5-35b-a3b-like,
                                                                nemotron-h-8b-like)
     python -m bench.speed.hybrid --graphs both     (decode and prefill without, then with CUDA graphs)
+    python -m bench.speed.hybrid --delta-rule both (the DeltaNet layers row by row, then chunked)
 
 Writes bench/results/hybrid-<shape>-<device>.json. transformers runs its own weights (random,
 the same shape): the comparison is of speed, not of outputs.
@@ -165,6 +166,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--graphs", choices=("on", "off", "both"), default="on", help="CUDA graphs")
+    ap.add_argument(
+        "--delta-rule", choices=("recurrent", "chunked", "both"), default="recurrent",
+        help="the DeltaNet layers' form (chunked: kernels/chunked_delta.py, no CUDA graphs)",
+    )  # fmt: skip
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     config = SHAPES[args.shape]
@@ -174,7 +179,9 @@ def main() -> None:
         "shape": args.shape,
         "batch": 1,
     }
-    for graphs in ("off", "on") if args.graphs == "both" else (args.graphs,):
+    graph_modes = ("off", "on") if args.graphs == "both" else (args.graphs,)
+    rules = ("recurrent", "chunked") if args.delta_rule == "both" else (args.delta_rule,)
+    for graphs, rule in ((g, r) for r in rules for g in graph_modes):
         engine = build_engine(
             checkpoint=checkpoint,
             config=EngineConfig(
@@ -184,6 +191,7 @@ def main() -> None:
                 prefill_chunk=args.prefill,
                 max_tokens_per_round=args.prefill,
                 cuda_graphs=graphs == "on",
+                delta_rule=rule,
             ),
         )
         decode = [
@@ -195,7 +203,8 @@ def main() -> None:
             for i in range(args.repeats + 1)
         ]
         replays = 0 if engine.runner.graphs is None else engine.runner.graphs.num_replays
-        report["lanes_exact" + ("" if graphs == "on" else "_no_graphs")] = {
+        key = "lanes_exact" + ("" if graphs == "on" else "_no_graphs")
+        report[key + ("_chunked" if rule == "chunked" else "")] = {
             "decode_tok_s": statistics.median(decode[1:]),
             f"prefill_{args.prefill}_s": statistics.median(prefill[1:]),
             "graph_replays": replays,

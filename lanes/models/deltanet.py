@@ -57,7 +57,7 @@ def gated_deltanet(
         conv, state = states.read(seq.state_slot, layer, seq.first_position)
         rows = slice(seq.query_start, seq.query_start + seq.num_queries)
         core[rows], conv, state = ops.delta_rule(
-            mixed[rows], z[rows], b[rows], a[rows], conv, state, rule
+            mixed[rows], z[rows], b[rows], a[rows], conv, state, rule, seq.first_position
         )
         if seq.keep_states:  # the state stays; settle runs the accepted rows again
             states.defer(seq.state_slot, layer, seq.first_position, (mixed[rows], b[rows], a[rows]))
@@ -81,7 +81,7 @@ def settle_deltanet(
     num_rows rows (the accepted ones), the same per-row arithmetic as the forward ran."""
     mixed, b, a = (t[:num_rows] for t in inputs)
     conv, state = states.read(slot, layer, first_position)
-    _, conv, state = ops.delta_rule(mixed, None, b, a, conv, state, _rule(w, cfg))
+    _, conv, state = ops.delta_rule(mixed, None, b, a, conv, state, _rule(w, cfg), first_position)
     states.write(slot, layer, first_position + num_rows, conv, state)
 
 

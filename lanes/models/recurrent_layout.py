@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lanes.config import ModelConfig
+from lanes.kernels.chunked_delta import slot_shape as chunked_delta_slot
 from lanes.models.mamba2 import mamba2_state_shapes
 
 
@@ -18,15 +19,14 @@ class RecurrentLayout:
     deferred_widths: tuple[int, ...]  # a verify row's saved inputs: (mixed, b, a) or (xbc, dt)
 
 
-def recurrent_layout(cfg: ModelConfig) -> RecurrentLayout:
+def recurrent_layout(cfg: ModelConfig, chunked_delta: bool = False) -> RecurrentLayout:
+    """chunked_delta: DeltaNet slots hold the chunked form's carry (kernels/chunked_delta.py)."""
     if cfg.mamba is not None:
         conv, state = mamba2_state_shapes(cfg.mamba)
         return RecurrentLayout(conv, state, (cfg.mamba.conv_dim, cfg.mamba.heads))
     hv = cfg.linear_num_value_heads
     conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
     conv_dim += hv * cfg.linear_value_head_dim
-    return RecurrentLayout(
-        (conv_dim, cfg.linear_conv_kernel - 1),
-        (hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim),
-        (conv_dim, hv, hv),
-    )
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    state = chunked_delta_slot(hv, dk, dv) if chunked_delta else (hv, dk, dv)
+    return RecurrentLayout((conv_dim, cfg.linear_conv_kernel - 1), state, (conv_dim, hv, hv))
