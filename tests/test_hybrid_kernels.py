@@ -37,11 +37,15 @@ def test_on_the_triton_ops_the_delta_rule_kernel_keeps_the_equalities(tiny_model
     """The hybrid through the Triton ops (interpreted on the CPU, native on a GPU), whose
     DeltaNet layers run kernels/delta_rule.py: greedy tokens equal transformers', and prefill
     chunking, batching and drafting (the kept per-row states rolled back) change no bit."""
-    path, hf = tiny_models["qwen3_5"]
+    engine = triton_ops_keep_the_equalities(*tiny_models["qwen3_5"])
+    assert engine.ops.name == "triton" and not engine.ops.chunked_delta
+
+
+def triton_ops_keep_the_equalities(path, hf, **settings):
+    """The checks above for an engine on the Triton ops with `settings`; returns the engine."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    base = dict(kernels="triton", device=device, dtype="float32")
+    base = dict(kernels="triton", device=device, dtype="float32", **settings)
     engine = build_engine(str(path), EngineConfig(**base))
-    assert engine.ops.name == "triton"
     ids = engine.tokenizer.encode(PROMPTS[0])
     assert len(ids) > 16  # two prefill chunks below
     params = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -66,6 +70,7 @@ def test_on_the_triton_ops_the_delta_rule_kernel_keeps_the_equalities(tiny_model
         str(path), EngineConfig(**base, num_draft_tokens=3, adaptive_drafts=False)
     )
     drafted_equals_replayed(drafting, prompts, solo, seeded)
+    return engine
 
 
 def _graphed(engine):
