@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lanes.batch import ForwardBatch
-from lanes.kernels import chunked_delta
+from lanes.kernels import chunked_delta as chunked_form
 from lanes.kernels.activation import silu_mul
 from lanes.kernels.attention import make_meta, paged_attention, rows_for
 from lanes.kernels.delta_rule import gated_delta, gated_delta_lanes
@@ -82,9 +82,9 @@ class TritonOps(Ops):
         the carry the slot holds (four launches)."""
         if not self.chunked_delta:
             return gated_delta(mixed, z, b, a, conv, state, w)
-        carry = chunked_delta.carry_from_slot(conv, state, position, w.key_dim, w.value_dim)
-        out, after = chunked_delta.chunked_gated_delta(mixed, z, b, a, carry, w)
-        return out, after.conv, chunked_delta.slot_from_carry(after)
+        carry = chunked_form.carry_from_slot(conv, state, position, w.key_dim, w.value_dim)
+        out, after = chunked_form.chunked_gated_delta(mixed, z, b, a, carry, w)
+        return out, after.conv, chunked_form.slot_from_carry(after)
 
     def delta_rule_lanes(
         self, mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
