@@ -54,6 +54,7 @@ CHUNK = 64
 _BLOCK_T = 16  # rows per features program
 _BLOCK_V = 32  # value columns of S per scan program, as the recurrent kernel's
 _WARPS = 4
+TF32 = False  # the chunk products in TF32 on the GPU (bench.kernels delta-layer compares)
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,16 @@ def _features_kernel(
 
 
 @triton.jit
+def _dot(a, b, acc, ROW_STABLE: tl.constexpr, TF32: tl.constexpr):
+    """acc + a @ b: true fp32 (fp32_dot), or on the GPU with TF32 the tensor cores' float32
+    mode (fixed per shape too, so a row's bits stay independent of the other rows)."""
+    if TF32 and not ROW_STABLE:
+        return tl.dot(a, b, acc, input_precision="tf32")
+    else:
+        return fp32_dot(a, b, acc, ROW_STABLE)
+
+
+@triton.jit
 def _chunk_kernel(
     q_ptr,  # [chunks * C, HV, DK] float32: the span's rows
     k_ptr,  # [chunks * C, HV, DK]
@@ -261,6 +272,7 @@ def _chunk_kernel(
     DV: tl.constexpr,
     C: tl.constexpr,
     ROW_STABLE: tl.constexpr,
+    TF32: tl.constexpr,
 ):
     """One (chunk, value head): the chunk's matrices, which do not depend on S."""
     c = tl.program_id(0)
@@ -277,7 +289,7 @@ def _chunk_kernel(
     strict = r[:, None] > r[None, :]
     incl = r[:, None] >= r[None, :]
     decay = tl.where(incl, tl.exp(tl.where(incl, G[:, None] - G[None, :], 0.0)), 0.0)
-    kk = fp32_dot(k, tl.trans(k), tl.zeros((C, C), dtype=tl.float32), ROW_STABLE)
+    kk = _dot(k, tl.trans(k), tl.zeros((C, C), dtype=tl.float32), ROW_STABLE, TF32)
     A = tl.where(strict, beta[:, None] * decay * kk, 0.0)
     # (I + A)^-1 row by row: row i = e_i - sum_j A[i, j] row j; the rows below i are still
     # the identity's and A[i, j >= i] = 0, so row i reads only the chunk's rows up to i
@@ -287,9 +299,9 @@ def _chunk_kernel(
         inv = tl.where(r[:, None] == i, inv - tl.sum(a_i[:, None] * inv, axis=0)[None, :], inv)
     gamma = tl.exp(G)
     zeros_k = tl.zeros((C, DK), dtype=tl.float32)
-    W = fp32_dot(inv, k * (beta * gamma)[:, None], zeros_k, ROW_STABLE)
-    U = fp32_dot(inv, v * beta[:, None], tl.zeros((C, DV), dtype=tl.float32), ROW_STABLE)
-    P = decay * fp32_dot(q, tl.trans(k), tl.zeros((C, C), dtype=tl.float32), ROW_STABLE)
+    W = _dot(inv, k * (beta * gamma)[:, None], zeros_k, ROW_STABLE, TF32)
+    U = _dot(inv, v * beta[:, None], tl.zeros((C, DV), dtype=tl.float32), ROW_STABLE, TF32)
+    P = decay * _dot(q, tl.trans(k), tl.zeros((C, C), dtype=tl.float32), ROW_STABLE, TF32)
     G_last = tl.sum(tl.where(r == C - 1, G, 0.0), axis=0)
     out = (c * HV + h) * C + r  # [C]: the chunk's rows in the outputs
     tl.store(w_ptr + out[:, None] * DK + dk[None, :], W)
@@ -319,6 +331,7 @@ def _scan_kernel(
     C: tl.constexpr,
     BLOCK_V: tl.constexpr,
     ROW_STABLE: tl.constexpr,
+    TF32: tl.constexpr,
 ):
     """One (value head, block of value columns): the chunks in order, S in registers."""
     h = tl.program_id(0)
@@ -331,14 +344,14 @@ def _scan_kernel(
     for c in range(0, num_chunks):
         row = (c * HV + h) * C + r
         W = tl.load(w_ptr + row[:, None] * DK + dk[None, :])
-        D = tl.load(u_ptr + row[:, None] * DV + dv[None, :]) - fp32_dot(W, S, zeros, ROW_STABLE)
+        D = tl.load(u_ptr + row[:, None] * DV + dv[None, :]) - _dot(W, S, zeros, ROW_STABLE, TF32)
         qg = tl.load(qg_ptr + row[:, None] * DK + dk[None, :])
         P = tl.load(p_ptr + row[:, None] * C + r[None, :])
-        o = fp32_dot(P, D, fp32_dot(qg, S, zeros, ROW_STABLE), ROW_STABLE)
+        o = _dot(P, D, _dot(qg, S, zeros, ROW_STABLE, TF32), ROW_STABLE, TF32)
         tl.store(o_ptr + ((c * C + r) * HV + h)[:, None] * DV + dv[None, :], o)
         kg = tl.load(kg_ptr + row[:, None] * DK + dk[None, :])
-        after = tl.load(last_ptr + c * HV + h) * S + fp32_dot(
-            tl.trans(kg), D, tl.zeros((DK, BLOCK_V), dtype=tl.float32), ROW_STABLE
+        after = tl.load(last_ptr + c * HV + h) * S + _dot(
+            tl.trans(kg), D, tl.zeros((DK, BLOCK_V), dtype=tl.float32), ROW_STABLE, TF32
         )
         S = tl.where(c < num_whole, after, S)
     tl.store(state_out_ptr + s_offs, S)
@@ -358,17 +371,19 @@ def chunks_forward(q, k, v, beta, g, state, num_whole: int):
     p = torch.empty((num_chunks, hv, CHUNK, CHUNK), dtype=f32, device=dev)
     last = torch.empty((num_chunks, hv), dtype=f32, device=dev)
     stable = interpreting()
-    launch = {} if stable else {"num_warps": _WARPS}
+    # one stage: the scan loads five tiles a chunk, which pipelined (3 stages) passed the 227 KB
+    # of shared memory on an H100
+    launch = {} if stable else {"num_warps": _WARPS, "num_stages": 1}
     _chunk_kernel[(num_chunks, hv)](
         *(x.contiguous() for x in (q, k, v, beta, g)), *mats, p, last,
-        HV=hv, DK=dk, DV=dv, C=CHUNK, ROW_STABLE=stable, **launch, **unfused_launch(),
+        HV=hv, DK=dk, DV=dv, C=CHUNK, ROW_STABLE=stable, TF32=TF32, **launch, **unfused_launch(),
     )  # fmt: skip
     o = torch.empty((rows, hv, dv), dtype=f32, device=dev)
     state_after = torch.empty_like(state)
     block_v = min(dv, _BLOCK_V)
     _scan_kernel[(hv, dv // block_v)](
         *mats, p, last, state.contiguous(), o, state_after, num_chunks, num_whole,
-        HV=hv, DK=dk, DV=dv, C=CHUNK, BLOCK_V=block_v, ROW_STABLE=stable, **launch,
+        HV=hv, DK=dk, DV=dv, C=CHUNK, BLOCK_V=block_v, ROW_STABLE=stable, TF32=TF32, **launch,
         **unfused_launch(),
     )  # fmt: skip
     return o, state_after
