@@ -26,11 +26,12 @@ inside a chunk recomputes that chunk's earlier rows, which the lane carries betw
 row costs one chunk's work. These bits are not those of the row-by-row recurrence (another
 summation order: equal to ~1e-5 in float32), so a lane's rows must all take this form.
 
-Kernels: one program per row and value head for the rows' features (the conv, norms, beta,
-g: the same per-row code as the recurrent kernel's), one per chunk and value head for the
-chunk's matrices (parallel over chunks: nothing there reads S), then one per value head and
-block of value columns walking the chunks in order (four products a chunk), then the gated
-RMSNorm of kernels/delta_rule.py.
+Kernels: one program per block of rows and value head for the rows' features (the conv, norms,
+beta, g), one per chunk and value head for the chunk's matrices (parallel over chunks: nothing
+there reads S), one per value head and block of value columns walking the chunks in order (two
+products a chunk: D and the next S; each chunk's start state and D are stored), one per chunk,
+value head and block of value columns for the outputs, then the gated RMSNorm of
+kernels/delta_rule.py.
 """
 
 from __future__ import annotations
@@ -316,12 +317,11 @@ def _chunk_kernel(
 def _scan_kernel(
     w_ptr,  # [chunks, HV, C, DK] float32
     u_ptr,  # [chunks, HV, C, DV]
-    qg_ptr,  # [chunks, HV, C, DK]
     kg_ptr,  # [chunks, HV, C, DK]
-    p_ptr,  # [chunks, HV, C, C]
     last_ptr,  # [chunks, HV]
     state_ptr,  # [HV, DK, DV] float32: S before the first chunk
-    o_ptr,  # [chunks * C, HV, DV] float32 out: S^T q of every row
+    starts_ptr,  # [chunks, HV, DK, DV] float32 out: S before each chunk
+    d_ptr,  # [chunks, HV, C, DV] float32 out: each chunk's deltas D
     state_out_ptr,  # [HV, DK, DV] float32 out: S after the first num_whole chunks
     num_chunks,
     num_whole,  # chunks whose end state is carried on (a last partial one is not)
@@ -333,7 +333,8 @@ def _scan_kernel(
     ROW_STABLE: tl.constexpr,
     TF32: tl.constexpr,
 ):
-    """One (value head, block of value columns): the chunks in order, S in registers."""
+    """One (value head, block of value columns): the chunks in order, S in registers, two
+    products a chunk (the outputs are _output_kernel's, parallel over chunks)."""
     h = tl.program_id(0)
     r = tl.arange(0, C)
     dk = tl.arange(0, DK)
@@ -342,19 +343,48 @@ def _scan_kernel(
     S = tl.load(state_ptr + s_offs)
     zeros = tl.zeros((C, BLOCK_V), dtype=tl.float32)
     for c in range(0, num_chunks):
+        tl.store(starts_ptr + c * HV * DK * DV + s_offs, S)
         row = (c * HV + h) * C + r
         W = tl.load(w_ptr + row[:, None] * DK + dk[None, :])
         D = tl.load(u_ptr + row[:, None] * DV + dv[None, :]) - _dot(W, S, zeros, ROW_STABLE, TF32)
-        qg = tl.load(qg_ptr + row[:, None] * DK + dk[None, :])
-        P = tl.load(p_ptr + row[:, None] * C + r[None, :])
-        o = _dot(P, D, _dot(qg, S, zeros, ROW_STABLE, TF32), ROW_STABLE, TF32)
-        tl.store(o_ptr + ((c * C + r) * HV + h)[:, None] * DV + dv[None, :], o)
+        tl.store(d_ptr + row[:, None] * DV + dv[None, :], D)
         kg = tl.load(kg_ptr + row[:, None] * DK + dk[None, :])
         after = tl.load(last_ptr + c * HV + h) * S + _dot(
             tl.trans(kg), D, tl.zeros((DK, BLOCK_V), dtype=tl.float32), ROW_STABLE, TF32
         )
         S = tl.where(c < num_whole, after, S)
     tl.store(state_out_ptr + s_offs, S)
+
+
+@triton.jit
+def _output_kernel(
+    qg_ptr,  # [chunks, HV, C, DK] float32
+    p_ptr,  # [chunks, HV, C, C]
+    starts_ptr,  # [chunks, HV, DK, DV]
+    d_ptr,  # [chunks, HV, C, DV]
+    o_ptr,  # [chunks * C, HV, DV] float32 out: S^T q of every row
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    ROW_STABLE: tl.constexpr,
+    TF32: tl.constexpr,
+):
+    """One (chunk, value head, block of value columns): O = (gamma * Q) S + P D."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    r = tl.arange(0, C)
+    dk = tl.arange(0, DK)
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    row = (c * HV + h) * C + r
+    S = tl.load(starts_ptr + (c * HV + h) * DK * DV + dk[:, None] * DV + dv[None, :])
+    qg = tl.load(qg_ptr + row[:, None] * DK + dk[None, :])
+    P = tl.load(p_ptr + row[:, None] * C + r[None, :])
+    D = tl.load(d_ptr + row[:, None] * DV + dv[None, :])
+    zeros = tl.zeros((C, BLOCK_V), dtype=tl.float32)
+    o = _dot(P, D, _dot(qg, S, zeros, ROW_STABLE, TF32), ROW_STABLE, TF32)
+    tl.store(o_ptr + ((c * C + r) * HV + h)[:, None] * DV + dv[None, :], o)
 
 
 def chunks_forward(q, k, v, beta, g, state, num_whole: int):
@@ -378,14 +408,20 @@ def chunks_forward(q, k, v, beta, g, state, num_whole: int):
         *(x.contiguous() for x in (q, k, v, beta, g)), *mats, p, last,
         HV=hv, DK=dk, DV=dv, C=CHUNK, ROW_STABLE=stable, TF32=TF32, **launch, **unfused_launch(),
     )  # fmt: skip
-    o = torch.empty((rows, hv, dv), dtype=f32, device=dev)
+    w, u, qg, kg = mats
+    starts = torch.empty((num_chunks, hv, dk, dv), dtype=f32, device=dev)
+    d = torch.empty((num_chunks, hv, CHUNK, dv), dtype=f32, device=dev)
     state_after = torch.empty_like(state)
     block_v = min(dv, _BLOCK_V)
+    consts = dict(HV=hv, DK=dk, DV=dv, C=CHUNK, BLOCK_V=block_v, ROW_STABLE=stable, TF32=TF32)
     _scan_kernel[(hv, dv // block_v)](
-        *mats, p, last, state.contiguous(), o, state_after, num_chunks, num_whole,
-        HV=hv, DK=dk, DV=dv, C=CHUNK, BLOCK_V=block_v, ROW_STABLE=stable, TF32=TF32, **launch,
-        **unfused_launch(),
+        w, u, kg, last, state.contiguous(), starts, d, state_after, num_chunks, num_whole,
+        **consts, **launch, **unfused_launch(),
     )  # fmt: skip
+    o = torch.empty((rows, hv, dv), dtype=f32, device=dev)
+    _output_kernel[(num_chunks, hv, dv // block_v)](
+        qg, p, starts, d, o, **consts, **launch, **unfused_launch()
+    )
     return o, state_after
 
 
