@@ -71,11 +71,12 @@ def build_engine(
     per_block = KVPool.bytes_per_block(
         len(mc.attention_layers), cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype
     )
-    budget = cfg.kv_cache_bytes - _state_bytes(mc, cfg.max_lanes, ops.chunked_delta)
+    state_bytes = _state_bytes(mc, cfg.max_lanes, ops.chunked_delta)
+    budget = cfg.kv_cache_bytes - state_bytes
     if mc.is_hybrid and budget < per_block:
         raise ConfigError(
             f"--kv-cache-bytes {cfg.kv_cache_bytes} does not hold the recurrent state of "
-            f"{cfg.max_lanes} lanes ({_state_bytes(mc, cfg.max_lanes, ops.chunked_delta)} bytes) and one KV block"
+            f"{cfg.max_lanes} lanes ({state_bytes} bytes) and one KV block"
         )
     runner = build_runner(
         decoder, max(1, budget // per_block), cfg, dtype, mixed_graphs=cfg.mixed_graphs

@@ -79,7 +79,7 @@ class TritonOps(Ops):
     def delta_rule(self, mixed, z, b, a, conv, state, w, position=0):
         """One launch for a lane's rows (a program per value head walks them in order) instead
         of a dozen torch calls per row and layer; or, with chunked_delta, the chunked form from
-        the carry the slot holds (four launches)."""
+        the carry the slot holds (five launches)."""
         if not self.chunked_delta:
             return gated_delta(mixed, z, b, a, conv, state, w)
         carry = chunked_form.carry_from_slot(conv, state, position, w.key_dim, w.value_dim)
@@ -89,7 +89,7 @@ class TritonOps(Ops):
     def delta_rule_lanes(
         self, mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance
     ):
-        if self.chunked_delta:  # make_runner builds no graphs for them
+        if self.chunked_delta:  # build_runner builds no graphs for them
             raise NotImplementedError("chunked DeltaNet layers have no CUDA-graph form yet")
         return gated_delta_lanes(
             mixed, z, b, a, conv_pool, state_pool, slots, rows_per_lane, w, advance

@@ -27,30 +27,20 @@ from bench.shapes import SHAPES
 
 
 def _inputs(cfg, tokens: int, device: str):
-    from lanes.kernels.delta_rule import DeltaRuleWeights
+    """(mixed, z, b, a, conv, state, w) for one lane of `tokens` rows: the kernel registry's
+    random layer and rows at the shape's head layout, bf16, zero conv window and state."""
+    from lanes.kernels.registry import _delta_rows, _delta_weights
 
     gen = torch.Generator().manual_seed(0)
     hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv, kernel = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel
-    conv_dim = 2 * hk * dk + hv * dv
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(shape, generator=gen) * scale).to(device)
-
-    w = DeltaRuleWeights(
-        taps=rand(conv_dim, kernel, scale=0.5),
-        neg_a=-torch.rand(hv, generator=gen).to(device),
-        dt_bias=rand(hv),
-        norm=(1 + rand(dv, scale=0.1)).to(torch.bfloat16),
-        key_heads=hk,
-        value_heads=hv,
-        key_dim=dk,
-        value_dim=dv,
-        eps=1e-6,
-    )
-    fused = rand(tokens, conv_dim + hv * dv + 2 * hv).to(torch.bfloat16)
-    mixed, z, b, a = fused.split([conv_dim, hv * dv, hv, hv], dim=1)
-    conv = torch.zeros((conv_dim, kernel - 1), device=device)
+    if dk != dv:
+        raise SystemExit(
+            f"{cfg.family}: dk {dk} != dv {dv}; the registry's random layers take one head size"
+        )
+    w = _delta_weights(torch.bfloat16, device, gen, hk=hk, hv=hv, d=dk, kernel=kernel)
+    mixed, z, b, a = _delta_rows(w, tokens, torch.bfloat16, device, gen)
+    conv = torch.zeros((w.taps.shape[0], kernel - 1), device=device)
     state = torch.zeros((hv, dk, dv), device=device)
     return mixed, z, b, a, conv, state, w
 
